@@ -1,0 +1,227 @@
+"""The attempt loop: select a target, dispatch, classify the failure, cool, hop or stop.
+
+I/O is injected: `dispatch(target)` performs one upstream attempt and says whether it
+committed (output reached the client, PRODUCT §5.4) or failed before commit. The loop
+owns the bookkeeping of combos-behaviour.md §3–§4: at most one attempt per target
+(plus the single-target retry), cooldowns with the §3.4 precedence, scopes of §3.3,
+client aborts that advance nothing, and the route trace for the request log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+from combos.engine import state as st
+from combos.engine.classify import Decision, Failure, classify, overflow_allows
+from combos.engine.cooldown import cooldown
+from combos.engine.strategies import Predicate, Sleep, retry_after_seconds, select
+from combos.engine.types import ComboSpec, ProviderSpec, TargetSpec
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one dispatch did. `committed`: the client got output (success, or a failure
+    after commit that was already reported in-stream, then `failure` says what broke).
+    Otherwise `failure` describes the pre-commit failure to classify."""
+
+    committed: bool
+    failure: Failure | None = None
+    status: int = 200
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    target: str
+    status: int | None
+    outcome: str  # "served", "hop", "stop", "failed_after_commit", "client_cancelled"
+    reason: str = ""
+    cooled_until: int | None = None
+    ms: int = 0
+
+
+@dataclass
+class RouteResult:
+    """`served`: the target that committed. Otherwise either `unavailable` (the first pick
+    found nothing: 503 combo_unavailable with `retry_after`) or `failure` + `decision`
+    (the last upstream failure, to return sanitized with its own status)."""
+
+    served: TargetSpec | None = None
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    unavailable: bool = False
+    retry_after: str | None = None
+    failure: Failure | None = None
+    decision: Decision | None = None
+    failed_after_commit: bool = False
+
+
+Dispatch = Callable[[TargetSpec, bool], Awaitable[Outcome]]
+
+
+def _and(first: Predicate | None, second: Predicate | None) -> Predicate | None:
+    if first is None or second is None:
+        return first or second
+
+    def both(target: TargetSpec) -> str | None:
+        return first(target) or second(target)
+
+    return both
+
+
+async def route(
+    combo: ComboSpec,
+    providers: Mapping[str, ProviderSpec],
+    store: st.StateStore,
+    *,
+    dispatch: Dispatch,
+    now: Callable[[], int],
+    sleep: Sleep,
+    rng: random.Random,
+    predicate: Predicate | None = None,
+    quota_resets: Mapping[str, int | None] | None = None,
+    on_cooldown: Callable[[str, int, str], None] | None = None,
+) -> RouteResult:
+    """Route one request through `combo`. `dispatch(target, is_last_chance)` is awaited at most
+    once per target (plus the single-target retry); cancellation (client abort) propagates after
+    the attempt is recorded, with no cooldown and no success counted."""
+    result = RouteResult()
+    attempted: set[str] = set()
+    seen_skips: set[tuple[str, str]] = set()
+    after_failure = False
+    retry_available = True
+    overflow: Predicate | None = None
+    first = True
+    while True:
+        selection = await select(
+            combo,
+            providers,
+            store,
+            now=now,
+            sleep=sleep,
+            rng=rng,
+            attempted=frozenset(attempted),
+            predicate=_and(predicate, overflow),
+            after_failure=after_failure,
+            quota_resets=quota_resets,
+            single_target_retry=retry_available,
+        )
+        for skip in selection.skipped:
+            if skip not in seen_skips and skip[1] != "attempted":
+                seen_skips.add(skip)
+                result.skipped.append(skip)
+        target = selection.target
+        if target is None:
+            if first:
+                result.unavailable = True
+                result.retry_after = (
+                    None
+                    if selection.retry_at is None
+                    else str(retry_after_seconds(selection.retry_at, now()))
+                )
+            return result
+        first = False
+        if selection.single_target_retry:
+            retry_available = False
+        key = target.key
+        started = now()
+        try:
+            outcome = await dispatch(target, False)
+        except asyncio.CancelledError:
+            store.update(combo.id, _aborted(combo, key, selection.probe))
+            result.attempts.append(
+                AttemptRecord(
+                    key, 499, "client_cancelled", "client_cancelled", None, now() - started
+                )
+            )
+            raise
+        elapsed = now() - started
+        if outcome.committed and outcome.failure is None:
+            store.update(combo.id, _succeeded(combo, key))
+            result.attempts.append(AttemptRecord(key, outcome.status, "served", "", None, elapsed))
+            result.served = target
+            return result
+        failure = outcome.failure
+        assert failure is not None
+        decision = classify(failure)
+        at = now()
+        found = cooldown(failure, decision, combo_cooldown_ms=combo.cooldown_ms, now=at)
+        until = None if found is None else at + found.ms
+        cooled = _cooled_keys(combo, target, decision) if until is not None else ()
+
+        store.update(combo.id, _failed(combo, (key, *cooled), until, at))
+        if until is not None and on_cooldown is not None:
+            for other in cooled:
+                on_cooldown(other, until, decision.reason)
+        if outcome.committed:
+            result.attempts.append(
+                AttemptRecord(
+                    key, outcome.status, "failed_after_commit", decision.reason, until, elapsed
+                )
+            )
+            result.served = target
+            result.failed_after_commit = True
+            result.failure = failure
+            return result
+        result.failure = failure
+        result.decision = decision
+        if not decision.hop:
+            result.attempts.append(
+                AttemptRecord(key, failure.status, "stop", decision.reason, until, elapsed)
+            )
+            return result
+        result.attempts.append(
+            AttemptRecord(key, failure.status, "hop", decision.reason, until, elapsed)
+        )
+        attempted.add(key)
+        after_failure = True
+        if decision.needs_larger_context:
+            failed_window = _context_window(providers, target)
+            overflow = _larger_than(providers, failed_window)
+
+
+Update = Callable[[st.ComboState], tuple[st.ComboState, None]]
+
+
+def _ms(now: Callable[[], int], started: int) -> int:
+    return now() - started
+
+
+def _aborted(combo: ComboSpec, key: str, probe: bool) -> Update:
+    return lambda s: (st.note_abort(s, combo, key, probe=probe), None)
+
+
+def _succeeded(combo: ComboSpec, key: str) -> Update:
+    return lambda s: (st.note_success(s, combo, key), None)
+
+
+def _failed(combo: ComboSpec, keys: tuple[str, ...], until: int | None, at: int) -> Update:
+    def fail(s: st.ComboState) -> tuple[st.ComboState, None]:
+        for key in dict.fromkeys(keys):
+            s = st.note_failure(s, combo, key, until, at)
+        return s, None
+
+    return fail
+
+
+def _cooled_keys(combo: ComboSpec, target: TargetSpec, decision: Decision) -> tuple[str, ...]:
+    if decision.scope == "provider":
+        return tuple(t.key for t in combo.targets if t.provider == target.provider)
+    return (target.key,)
+
+
+def _context_window(providers: Mapping[str, ProviderSpec], target: TargetSpec) -> int | None:
+    provider = providers.get(target.provider)
+    model = None if provider is None else provider.models.get(target.model)
+    return None if model is None else model.context_window
+
+
+def _larger_than(providers: Mapping[str, ProviderSpec], failed: int | None) -> Predicate:
+    def larger(target: TargetSpec) -> str | None:
+        if overflow_allows(failed, _context_window(providers, target)):
+            return None
+        return "context_too_small"
+
+    return larger

@@ -1,0 +1,248 @@
+"""Per-combo routing state and its pure transitions (combos-behaviour.md §2.1, PRODUCT.md §5.3).
+
+`ComboState` is an immutable, JSON-serialisable value holding everything a pick of one combo sees:
+target cooldowns, half-open probe leases, smooth-WRR weights and stickiness, and least-used
+counts. Transitions (`note_success`, `note_failure`, `note_abort`, `clear`) return new values and
+ignore target keys that the *current* combo no longer has, so late completions of requests that
+started before a reconfiguration cannot write state for removed targets. `StateStore` is the
+read-modify-write seam; `MemoryStateStore` is the in-process implementation.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Protocol, TypeVar
+
+from combos.engine.types import ComboSpec
+
+T = TypeVar("T")
+
+
+def _frozen(values: Mapping[str, int] | None = None) -> Mapping[str, int]:
+    return MappingProxyType(dict(values or {}))
+
+
+@dataclass(frozen=True)
+class ComboState:
+    """Routing state of one combo. All times are epoch milliseconds.
+
+    `cooldowns[key]` is the cooldown end; an entry with `until <= now` marks the target half-open
+    (it must be probed before it counts as healthy again) and is removed by a success.
+    `probes[key]` is the lease end of the single in-flight half-open probe.
+    `current_weights`, `active_key` and `successes` are the round-robin state;
+    `success_counts` feeds least-used.
+    """
+
+    cooldowns: Mapping[str, int] = field(default_factory=_frozen)
+    probes: Mapping[str, int] = field(default_factory=_frozen)
+    current_weights: Mapping[str, int] = field(default_factory=_frozen)
+    active_key: str | None = None
+    successes: int = 0
+    success_counts: Mapping[str, int] = field(default_factory=_frozen)
+
+    def cooling_until(self, key: str, now: int) -> int | None:
+        """The cooldown end of `key` if it is still cooling at `now`, else None."""
+        until = self.cooldowns.get(key)
+        return until if until is not None and until > now else None
+
+    def is_half_open(self, key: str, now: int) -> bool:
+        """True when `key` had a cooldown that has expired but no probe has succeeded yet."""
+        until = self.cooldowns.get(key)
+        return until is not None and until <= now
+
+    def probe_held(self, key: str, now: int) -> bool:
+        """True when another request holds an unexpired probe lease on `key`."""
+        lease = self.probes.get(key)
+        return lease is not None and lease > now
+
+    def to_json(self) -> str:
+        """Serialise to a compact JSON object (stable key order)."""
+        return json.dumps(
+            {
+                "cooldowns": dict(self.cooldowns),
+                "probes": dict(self.probes),
+                "current_weights": dict(self.current_weights),
+                "active_key": self.active_key,
+                "successes": self.successes,
+                "success_counts": dict(self.success_counts),
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> ComboState:
+        """Parse `to_json` output; raises ValueError on anything malformed."""
+        raw = json.loads(text)
+        if not isinstance(raw, dict):
+            raise ValueError("combo state must be a JSON object")
+        active = raw.get("active_key")
+        successes = raw.get("successes", 0)
+        if active is not None and not isinstance(active, str):
+            raise ValueError("active_key must be a string or null")
+        if not _is_int(successes):
+            raise ValueError("successes must be an integer")
+        return cls(
+            cooldowns=_int_map(raw, "cooldowns"),
+            probes=_int_map(raw, "probes"),
+            current_weights=_int_map(raw, "current_weights"),
+            active_key=active,
+            successes=successes,
+            success_counts=_int_map(raw, "success_counts"),
+        )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_map(raw: Mapping[str, object], name: str) -> Mapping[str, int]:
+    value = raw.get(name, {})
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be an object")
+    out: dict[str, int] = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not _is_int(item):
+            raise ValueError(f"{name} must map strings to integers")
+        out[key] = item
+    return _frozen(out)
+
+
+def _keys(combo: ComboSpec) -> frozenset[str]:
+    return frozenset(t.key for t in combo.targets)
+
+
+def _without(values: Mapping[str, int], key: str) -> Mapping[str, int]:
+    if key not in values:
+        return values
+    return _frozen({k: v for k, v in values.items() if k != key})
+
+
+def _with(values: Mapping[str, int], key: str, value: int) -> Mapping[str, int]:
+    out = dict(values)
+    out[key] = value
+    return _frozen(out)
+
+
+def retain(state: ComboState, combo: ComboSpec) -> ComboState:
+    """Drop every entry for target keys the combo no longer has (reconfiguration)."""
+    keys = _keys(combo)
+
+    def keep(values: Mapping[str, int]) -> Mapping[str, int]:
+        if all(k in keys for k in values):
+            return values
+        return _frozen({k: v for k, v in values.items() if k in keys})
+
+    active = state.active_key if state.active_key in keys else None
+    new = ComboState(
+        cooldowns=keep(state.cooldowns),
+        probes=keep(state.probes),
+        current_weights=keep(state.current_weights),
+        active_key=active,
+        successes=state.successes if active is not None else 0,
+        success_counts=keep(state.success_counts),
+    )
+    return state if new == state else new
+
+
+def note_success(state: ComboState, combo: ComboSpec, key: str) -> ComboState:
+    """A target served a request: it is healthy again, stickiness and least-used count it."""
+    if key not in _keys(combo):
+        return state
+    state = retain(state, combo)
+    active, successes = state.active_key, state.successes
+    if active == key:
+        successes += 1
+        if successes >= combo.sticky_limit:
+            active, successes = None, 0
+    return replace(
+        state,
+        cooldowns=_without(state.cooldowns, key),
+        probes=_without(state.probes, key),
+        active_key=active,
+        successes=successes,
+        success_counts=_with(state.success_counts, key, state.success_counts.get(key, 0) + 1),
+    )
+
+
+def note_failure(
+    state: ComboState, combo: ComboSpec, key: str, cooldown_until: int | None, now: int
+) -> ComboState:
+    """A target failed: release stickiness, release its probe lease, and cool it.
+
+    `cooldown_until` None means "no cooldown" (request-local or non-health outcomes); a half-open
+    target then stays half-open for the next prober. An existing longer cooldown is never
+    shortened. No success is counted.
+    """
+    if key not in _keys(combo):
+        return state
+    state = retain(state, combo)
+    cooldowns = state.cooldowns
+    if cooldown_until is not None:
+        current = cooldowns.get(key)
+        cooldowns = _with(cooldowns, key, max(cooldown_until, current or cooldown_until))
+    # Expired leases of other targets are dropped here too: their probes were lost.
+    probes = _frozen({k: v for k, v in state.probes.items() if k != key and v > now})
+    released = state.active_key == key
+    return replace(
+        state,
+        cooldowns=cooldowns,
+        probes=probes,
+        active_key=None if released else state.active_key,
+        successes=0 if released else state.successes,
+    )
+
+
+def note_abort(state: ComboState, combo: ComboSpec, key: str, *, probe: bool = False) -> ComboState:
+    """A client abort advances nothing: no success, no cooldown, stickiness untouched.
+
+    With `probe=True` (the aborted request held the half-open lease, `Selection.probe`) the lease
+    is released so the next request may probe without waiting for the lease to lapse.
+    """
+    if not probe or key not in _keys(combo):
+        return state
+    return replace(state, probes=_without(state.probes, key))
+
+
+def clear(state: ComboState | None = None) -> ComboState:
+    """Forget everything (after a PUT/DELETE of the combo): the empty state."""
+    return ComboState()
+
+
+class StateStore(Protocol):
+    """Per-combo state storage with atomic read-modify-write (memory now, Redis later)."""
+
+    def get(self, combo_id: str) -> ComboState: ...
+
+    def update(self, combo_id: str, fn: Callable[[ComboState], tuple[ComboState, T]]) -> T: ...
+
+    def clear(self, combo_id: str) -> None: ...
+
+
+class MemoryStateStore:
+    """Process-local `StateStore`; a lock makes `update` atomic across threads."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, ComboState] = {}
+        self._lock = threading.Lock()
+
+    def get(self, combo_id: str) -> ComboState:
+        with self._lock:
+            return self._states.get(combo_id, ComboState())
+
+    def update(self, combo_id: str, fn: Callable[[ComboState], tuple[ComboState, T]]) -> T:
+        with self._lock:
+            new, result = fn(self._states.get(combo_id, ComboState()))
+            if new == ComboState():
+                self._states.pop(combo_id, None)
+            else:
+                self._states[combo_id] = new
+            return result
+
+    def clear(self, combo_id: str) -> None:
+        with self._lock:
+            self._states.pop(combo_id, None)

@@ -1,0 +1,215 @@
+"""`ocx combo list|show|set|remove|mode` (combos-behaviour.md §8.4)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from combos import selectors, services
+from combos.cli_parse import CliUsageError, parse_targets
+from combos.engine import validate
+from combos.engine.types import EFFORTS, STRATEGIES, ComboSpec
+from providers.errors import ConfigError
+
+ALIASES = {"create": "set", "update": "set", "delete": "remove"}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise CommandError(message)
+
+
+def _set_parser() -> _Parser:
+    p = _Parser(prog="ocx combo set", add_help=False)
+    p.add_argument("id", nargs="?")
+    p.add_argument("--targets")
+    p.add_argument("--strategy", default="failover")
+    p.add_argument("--sticky")
+    p.add_argument("--effort")
+    p.add_argument("--alias")
+    p.add_argument("--native-alias", action="store_true")
+    p.add_argument("--display-name")
+    p.add_argument("--rename-from")
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+class Command(BaseCommand):
+    help = "List, show, create/update, remove combos, and set their override mode."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("args", nargs=argparse.REMAINDER)
+
+    def handle(self, *args: str, **options: Any) -> None:
+        argv = list(args)
+        sub = ALIASES.get(argv[0], argv[0]) if argv else "list"
+        rest = argv[1:]
+        try:
+            if sub == "list":
+                self._list(rest)
+            elif sub == "show":
+                self._show(rest)
+            elif sub == "set":
+                self._set(rest)
+            elif sub == "remove":
+                self._remove(rest)
+            elif sub == "mode":
+                self._mode(rest)
+            else:
+                raise CommandError(f"unknown combo command {sub}")
+        except ConfigError as exc:
+            raise CommandError(exc.message) from None
+        except CliUsageError as exc:
+            raise CommandError(str(exc)) from None
+
+    def _print_json(self, obj: object) -> None:
+        self.stdout.write(json.dumps(obj, indent=2, sort_keys=False))
+
+    def _list(self, rest: list[str]) -> None:
+        as_json = rest == ["--json"]
+        if rest and not as_json:
+            raise CommandError(f"unexpected argument {rest[0]}")
+        combos = selectors.combo_list()
+        if as_json:
+            self._print_json(
+                {
+                    "combos": [
+                        {"id": c.id, "model": c.public_id, **validate.combo_to_api(c)}
+                        for c in combos
+                    ]
+                }
+            )
+        elif not combos:
+            self.stdout.write("No combos configured.")
+        else:
+            for c in combos:
+                self.stdout.write(f"{c.id}  {c.public_id}")
+
+    def _show(self, rest: list[str]) -> None:
+        as_json = "--json" in rest
+        ids = [a for a in rest if a != "--json"]
+        if len(ids) != 1:
+            raise CommandError(
+                "combo id is required" if not ids else f"unexpected argument {ids[1]}"
+            )
+        spec = selectors.combo_get(ids[0])
+        if spec is None:
+            raise CommandError(f"unknown combo {ids[0]}")
+        if as_json:
+            self._print_json(
+                {"id": spec.id, "model": spec.public_id, **validate.combo_to_api(spec)}
+            )
+            return
+        self.stdout.write(_describe(spec))
+
+    def _set(self, rest: list[str]) -> None:
+        ns, extra = _set_parser().parse_known_args(rest)
+        if extra:
+            raise CommandError(f"unexpected argument {extra[0]}")
+        if not ns.id:
+            raise CommandError("combo id is required")
+        if ns.targets is None:
+            raise CommandError("--targets is required")
+        targets = parse_targets(ns.targets)
+        if ns.strategy not in STRATEGIES:
+            raise CommandError(f"--strategy must be one of: {', '.join(STRATEGIES)}")
+        combo: dict[str, object] = {"targets": targets, "strategy": ns.strategy}
+        if ns.sticky is not None:
+            try:
+                sticky = int(ns.sticky)
+            except ValueError:
+                raise CommandError("--sticky must be an integer") from None
+            if sticky < 1:
+                raise CommandError("--sticky must be >= 1")
+            if sticky > 100:
+                raise CommandError("--sticky must be <= 100")
+            if ns.strategy == "round-robin":
+                combo["stickyLimit"] = sticky
+        if ns.effort is not None:
+            if ns.effort == "-":
+                combo["defaultEffort"] = None
+            elif ns.effort in EFFORTS:
+                combo["defaultEffort"] = ns.effort
+            else:
+                raise CommandError(f"--effort must be one of: {', '.join(EFFORTS)}, -")
+        if ns.alias is not None:
+            combo["alias"] = "" if ns.alias == "-" else ns.alias
+        if ns.display_name is not None:
+            combo["displayName"] = "" if ns.display_name == "-" else ns.display_name
+        if ns.native_alias:
+            combo["nativeAlias"] = True
+        current = selectors.combo_get(ns.rename_from or ns.id)
+        if current is not None:
+            # The CLI has no flag for imageInput; keep "disabled" (reference §8.4).
+            if current.image_input == "disabled":
+                combo["imageInput"] = "disabled"
+            # Keep what the CLI has no flags for, unless a flag was given.
+            combo.setdefault("defaultEffort", current.default_effort)
+            if current.alias and "alias" not in combo:
+                combo["alias"] = current.alias
+            if current.display_name and "displayName" not in combo:
+                combo["displayName"] = current.display_name
+            if current.native_alias and "nativeAlias" not in combo:
+                combo["nativeAlias"] = True
+            if current.override and any(
+                f"{t['provider']}/{t['model']}" == current.override for t in targets
+            ):
+                combo["override"] = {"target": current.override}
+        spec = services.combo_set(combo_id=ns.id, raw=combo, rename_from=ns.rename_from)
+        if ns.json:
+            self._print_json(
+                {
+                    "success": True,
+                    "id": spec.id,
+                    "model": spec.public_id,
+                    "combo": validate.combo_to_sparse(spec),
+                }
+            )
+        else:
+            self.stdout.write(f"Saved combo {spec.id}.")
+
+    def _remove(self, rest: list[str]) -> None:
+        as_json = "--json" in rest
+        yes = "--yes" in rest
+        ids = [a for a in rest if a not in ("--json", "--yes")]
+        if not ids:
+            raise CommandError("combo id is required")
+        if len(ids) > 1 or any(a.startswith("--") for a in ids):
+            raise CommandError(f"unexpected argument {ids[-1]}")
+        if not yes:
+            raise CommandError("remove requires --yes")
+        services.combo_delete(combo_id=ids[0])
+        if as_json:
+            self._print_json({"success": True, "id": ids[0]})
+        else:
+            self.stdout.write(f"Removed combo {ids[0]}.")
+
+    def _mode(self, rest: list[str]) -> None:
+        if len(rest) == 2 and rest[1] == "auto":
+            spec = services.combo_set_override(combo_id=rest[0], target=None)
+            self.stdout.write(f"Combo {spec.id} is automatic.")
+        elif len(rest) == 3 and rest[1] == "pin":
+            spec = services.combo_set_override(combo_id=rest[0], target=rest[2].strip())
+            self.stdout.write(f"Combo {spec.id} is pinned to {spec.override}.")
+        else:
+            raise CommandError("usage: ocx combo mode <id> auto|pin <provider/model>")
+
+
+def _describe(spec: ComboSpec) -> str:
+    lines = [
+        f"{spec.id}  {spec.public_id}",
+        f"  strategy: {spec.strategy}"
+        + (f" (sticky {spec.sticky_limit})" if spec.strategy == "round-robin" else ""),
+        f"  mode: {'pin ' + spec.override if spec.override else 'auto'}",
+    ]
+    if spec.display_name:
+        lines.append(f"  display name: {spec.display_name}")
+    if spec.default_effort:
+        lines.append(f"  default effort: {spec.default_effort} ({spec.default_effort_mode})")
+    for i, t in enumerate(spec.targets, 1):
+        flags = " last-resort" if t.last_resort else ""
+        lines.append(f"  {i}. {t.key} weight {t.weight}{flags}")
+    return "\n".join(lines)

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+from django.db import models
+
+from combos.engine.types import EFFORTS, STRATEGIES
+from providers.models import Provider
+
+
+class Combo(models.Model):
+    combo_id = models.CharField("id", max_length=64, unique=True)
+    strategy = models.CharField(
+        max_length=16, default="failover", choices=[(s, s) for s in STRATEGIES]
+    )
+    sticky_limit = models.PositiveIntegerField(default=1)
+    cooldown_ms = models.PositiveIntegerField(null=True, blank=True)
+    wait_for_cooldown_ms = models.PositiveIntegerField(default=0)
+    cooldown_wait_policy = models.CharField(
+        max_length=32, null=True, blank=True, choices=[("before-last-resort", "before-last-resort")]
+    )
+    default_effort = models.CharField(
+        max_length=8, null=True, blank=True, choices=[(e, e) for e in EFFORTS]
+    )
+    default_effort_mode = models.CharField(
+        max_length=8, default="fallback", choices=[("fallback", "fallback"), ("force", "force")]
+    )
+    reasoning_effort_mode = models.CharField(
+        max_length=8, default="strict", choices=[("strict", "strict"), ("adaptive", "adaptive")]
+    )
+    image_input = models.CharField(
+        max_length=8, default="auto", choices=[("auto", "auto"), ("disabled", "disabled")]
+    )
+    alias = models.CharField(max_length=129, null=True, blank=True)
+    native_alias = models.BooleanField(default=False)
+    display_name = models.CharField(max_length=128, null=True, blank=True)
+    # Manual override (PRODUCT §8.5): null = automatic, else "provider/model".
+    override_target = models.CharField(max_length=512, null=True, blank=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ("combo_id",)
+
+    def __str__(self) -> str:
+        return f"combo/{self.combo_id}"
+
+
+class ComboTarget(models.Model):
+    combo = models.ForeignKey(Combo, models.CASCADE, related_name="targets")
+    position = models.PositiveIntegerField(default=0)
+    # PROTECT: a provider used by a combo cannot be deleted (API answers 409).
+    provider = models.ForeignKey(Provider, models.PROTECT, related_name="combo_targets")
+    model = models.CharField(max_length=256)
+    weight = models.PositiveIntegerField(default=1)
+    last_resort = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ("combo", "position", "id")
+
+    def __str__(self) -> str:
+        return f"{self.provider.name}/{self.model}"

@@ -1,0 +1,143 @@
+"""Reads: ORM rows → camelCase dicts and the frozen ConfigSnapshot of the hot path."""
+
+from __future__ import annotations
+
+import os
+from types import MappingProxyType
+
+from combos.engine import validate
+from combos.engine.types import ComboSpec, ConfigSnapshot, ModelSpec, ProviderSpec, Timeouts
+from combos.models import Combo
+from providers import selectors as provider_selectors
+from providers.models import ConfigState, Provider
+from providers.sealing import unseal
+
+
+def combo_raw(combo: Combo) -> dict[str, object]:
+    """The stored combo as a full camelCase dict (the input shape of the validator)."""
+    raw: dict[str, object] = {
+        "targets": [
+            {
+                "provider": t.provider.name,
+                "model": t.model,
+                "weight": t.weight,
+                "lastResort": t.last_resort,
+            }
+            for t in combo.targets.all()
+        ],
+        "strategy": combo.strategy,
+        "stickyLimit": combo.sticky_limit,
+        "waitForCooldownMs": combo.wait_for_cooldown_ms,
+        "defaultEffort": combo.default_effort,
+        "defaultEffortMode": combo.default_effort_mode,
+        "reasoningEffortMode": combo.reasoning_effort_mode,
+        "imageInput": combo.image_input,
+        "nativeAlias": combo.native_alias,
+    }
+    if combo.cooldown_ms is not None:
+        raw["cooldownMs"] = combo.cooldown_ms
+    if combo.cooldown_wait_policy:
+        raw["cooldownWaitPolicy"] = combo.cooldown_wait_policy
+    if combo.alias:
+        raw["alias"] = combo.alias
+    if combo.display_name:
+        raw["displayName"] = combo.display_name
+    if combo.override_target:
+        raw["override"] = {"target": combo.override_target}
+    return raw
+
+
+def combo_spec(combo: Combo) -> ComboSpec:
+    return validate.normalize_combo(combo.combo_id, combo_raw(combo))
+
+
+def combo_queryset():  # type: ignore[no-untyped-def]
+    return Combo.objects.prefetch_related("targets__provider").order_by("combo_id")
+
+
+def combo_list() -> list[ComboSpec]:
+    return [combo_spec(c) for c in combo_queryset()]
+
+
+def combo_get(combo_id: str) -> ComboSpec | None:
+    combo = combo_queryset().filter(combo_id=combo_id).first()
+    return None if combo is None else combo_spec(combo)
+
+
+def combos_raw_map() -> dict[str, object]:
+    return {c.combo_id: combo_raw(c) for c in combo_queryset()}
+
+
+def provider_spec(provider: Provider) -> ProviderSpec:
+    models = {
+        m.model_id: ModelSpec(
+            id=m.model_id,
+            context_window=m.context_window,
+            max_input_tokens=m.max_input_tokens,
+            input_modalities=None if m.input_modalities is None else tuple(m.input_modalities),
+            reasoning_efforts=None if m.reasoning_efforts is None else tuple(m.reasoning_efforts),
+            display_name=m.display_name or None,
+            parallel_tool_calls=m.parallel_tool_calls,
+        )
+        for m in provider.models.all()
+    }
+    return ProviderSpec(
+        name=provider.name,
+        adapter=provider.adapter,
+        base_url=provider.base_url,
+        api_key_env=provider.api_key_env or None,
+        api_key=unseal(provider.api_key_sealed) if provider.api_key_sealed else None,
+        headers=tuple(sorted((str(k), str(v)) for k, v in (provider.headers or {}).items())),
+        disabled=provider.disabled,
+        timeouts=Timeouts(
+            connect_ms=provider.connect_ms,
+            first_byte_ms=provider.first_byte_ms,
+            idle_ms=provider.idle_ms,
+            total_ms=provider.total_ms,
+        ),
+        models=MappingProxyType(models),
+    )
+
+
+def config_version() -> int:
+    state = ConfigState.objects.filter(pk=1).only("version").first()
+    return 0 if state is None else state.version
+
+
+def disabled_models() -> list[str]:
+    state = ConfigState.objects.filter(pk=1).first()
+    return [] if state is None else list(state.disabled_models)
+
+
+def config_snapshot() -> ConfigSnapshot:
+    """Everything the hot path needs, read in one go (called off the hot path)."""
+    state = ConfigState.objects.filter(pk=1).first()
+    providers = {p.name: provider_spec(p) for p in Provider.objects.prefetch_related("models")}
+    combos = {c.combo_id: combo_spec(c) for c in combo_queryset()}
+    return ConfigSnapshot(
+        version=0 if state is None else state.version,
+        providers=MappingProxyType(providers),
+        combos=MappingProxyType(combos),
+        disabled_models=frozenset(state.disabled_models if state else ()),
+    )
+
+
+def credential_for(provider: ProviderSpec) -> str | None:
+    """The provider's own credential, resolved at dispatch (env var first when named)."""
+    if provider.api_key_env:
+        return os.environ.get(provider.api_key_env) or None
+    return provider.api_key
+
+
+def config_dump() -> dict[str, object]:
+    """The sparse config document, without secrets (`ocx config dump`)."""
+    providers = {
+        p.name: provider_selectors.provider_stored_raw(p)
+        for p in Provider.objects.prefetch_related("models")
+    }
+    combos = {c.id: validate.combo_to_sparse(c) for c in combo_list()}
+    return {
+        "providers": providers,
+        "combos": combos,
+        "disabledModels": disabled_models(),
+    }

@@ -1,0 +1,168 @@
+"""Writes for combos and whole-config loads. Every write bumps the config version."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from django.db import transaction
+
+from combos import selectors
+from combos.engine import validate
+from combos.engine.types import ComboSpec
+from combos.models import Combo, ComboTarget
+from providers import services as provider_services
+from providers.errors import ConfigError
+from providers.models import ConfigState, Provider
+
+RENAME_NOT_STRING = "renameFrom must be a non-empty string"
+RENAME_SAME = "renameFrom must differ from id"
+COMBO_NOT_OBJECT = "combo must be an object"
+ID_REQUIRED = "id is required and must be a string"
+
+
+def _provider_infos() -> dict[str, validate.ProviderInfo]:
+    return {
+        p.name: validate.ProviderInfo(name=p.name, disabled=p.disabled)
+        for p in Provider.objects.all()
+    }
+
+
+def _write_combo(spec: ComboSpec, existing: Combo | None) -> Combo:
+    combo = existing or Combo(combo_id=spec.id)
+    combo.combo_id = spec.id
+    combo.strategy = spec.strategy
+    combo.sticky_limit = spec.sticky_limit
+    combo.cooldown_ms = spec.cooldown_ms
+    combo.wait_for_cooldown_ms = spec.wait_for_cooldown_ms
+    combo.cooldown_wait_policy = spec.cooldown_wait_policy
+    combo.default_effort = spec.default_effort
+    combo.default_effort_mode = spec.default_effort_mode
+    combo.reasoning_effort_mode = spec.reasoning_effort_mode
+    combo.image_input = spec.image_input
+    combo.alias = spec.alias
+    combo.native_alias = spec.native_alias
+    combo.display_name = spec.display_name
+    combo.override_target = spec.override
+    combo.full_clean(validate_unique=False)
+    combo.save()
+    combo.targets.all().delete()
+    providers = {
+        p.name: p for p in Provider.objects.filter(name__in=[t.provider for t in spec.targets])
+    }
+    ComboTarget.objects.bulk_create(
+        ComboTarget(
+            combo=combo,
+            position=i,
+            provider=providers[t.provider],
+            model=t.model,
+            weight=t.weight,
+            last_resort=t.last_resort,
+        )
+        for i, t in enumerate(spec.targets)
+    )
+    return combo
+
+
+def _raise_issues(issues: list[validate.Issue]) -> None:
+    if issues:
+        raise ConfigError(issues[0].message, issues=[str(i) for i in issues])
+
+
+def combo_set(*, combo_id: object, raw: object, rename_from: object = None) -> ComboSpec:
+    """PUT /api/combos semantics (combos-behaviour.md §8.2): create, replace or rename."""
+    if not isinstance(combo_id, str) or not combo_id.strip():
+        raise ConfigError(ID_REQUIRED)
+    combo_id = combo_id.strip()
+    with transaction.atomic():
+        if rename_from is not None:
+            if not isinstance(rename_from, str) or not rename_from.strip():
+                raise ConfigError(RENAME_NOT_STRING)
+            rename_from = rename_from.strip()
+            if rename_from == combo_id:
+                raise ConfigError(RENAME_SAME)
+            if not Combo.objects.filter(combo_id=rename_from).exists():
+                raise ConfigError(f'combo "{rename_from}" does not exist')
+            if Combo.objects.filter(combo_id=combo_id).exists():
+                raise ConfigError(f'combo "{combo_id}" already exists')
+        if not isinstance(raw, Mapping):
+            raise ConfigError(COMBO_NOT_OBJECT)
+        source_id = rename_from if isinstance(rename_from, str) else combo_id
+        source = selectors.combo_queryset().filter(combo_id=source_id).first()
+        stored = None if source is None else selectors.combo_raw(source)
+        merged = validate.merge_preserving(stored, raw)
+        _raise_issues(
+            validate.validate_combo(
+                combo_id,
+                merged,
+                providers=_provider_infos(),
+                combos=selectors.combos_raw_map(),
+                exclude_combo_id=source_id,
+                require_enabled_target=True,
+            )
+        )
+        spec = validate.normalize_combo(combo_id, merged)
+        _write_combo(spec, source)
+        provider_services.config_bump()
+    return spec
+
+
+def combo_delete(*, combo_id: object) -> None:
+    if not isinstance(combo_id, str) or not combo_id.strip():
+        raise ConfigError("id query param is required")
+    with transaction.atomic():
+        deleted, _ = Combo.objects.filter(combo_id=combo_id).delete()
+        if not deleted:
+            raise ConfigError("unknown combo", status=404)
+        provider_services.config_bump()
+
+
+def combo_set_override(*, combo_id: str, target: str | None) -> ComboSpec:
+    """`auto` (target None) or `pin provider/model` (PRODUCT §8.5)."""
+    with transaction.atomic():
+        combo = selectors.combo_queryset().filter(combo_id=combo_id).first()
+        if combo is None:
+            raise ConfigError(f"unknown combo {combo_id}", status=404)
+        raw = selectors.combo_raw(combo)
+        raw["override"] = None if target is None else {"target": target}
+        return combo_set(combo_id=combo_id, raw=raw)
+
+
+def config_load(*, doc: object, replace: bool = False) -> dict[str, int]:
+    """Import {"providers", "combos", "disabledModels"} all or nothing (PRODUCT §3.4)."""
+    if not isinstance(doc, Mapping):
+        raise ConfigError("config must be an object")
+    with transaction.atomic():
+        if not replace:
+            # Merge with what is stored: the document's entries replace same-named ones.
+            current = selectors.config_dump()
+            merged: dict[str, object] = {
+                "providers": {**current["providers"], **dict(doc.get("providers") or {})}  # type: ignore[dict-item]
+                if isinstance(doc.get("providers", {}), Mapping)
+                else doc.get("providers"),
+                "combos": {**current["combos"], **dict(doc.get("combos") or {})}  # type: ignore[dict-item]
+                if isinstance(doc.get("combos", {}), Mapping)
+                else doc.get("combos"),
+                "disabledModels": doc.get("disabledModels", current["disabledModels"]),
+            }
+        else:
+            merged = dict(doc)
+        issues = validate.validate_config(merged)
+        if issues:
+            raise ConfigError(issues[0].message, issues=[str(i) for i in issues])
+        providers_doc: Mapping[str, Mapping[str, object]] = merged.get("providers") or {}  # type: ignore[assignment]
+        combos_doc: Mapping[str, Mapping[str, object]] = merged.get("combos") or {}  # type: ignore[assignment]
+        # Keep stored keys for providers the document names without an apiKey.
+        stored = {p.name: p for p in Provider.objects.all()}
+        ComboTarget.objects.all().delete()
+        Combo.objects.all().delete()
+        for name in set(stored) - set(providers_doc):
+            stored[name].delete()
+        for name, raw in providers_doc.items():
+            provider_services._write_provider(name, raw, stored.get(name))
+        for combo_id, raw in combos_doc.items():
+            _write_combo(validate.normalize_combo(combo_id, raw), None)
+        state, _ = ConfigState.objects.select_for_update().get_or_create(pk=1)
+        state.disabled_models = list(merged.get("disabledModels") or [])  # type: ignore[call-overload]
+        state.save(update_fields=["disabled_models", "updated"])
+        provider_services.config_bump()
+    return {"providers": len(providers_doc), "combos": len(combos_doc)}

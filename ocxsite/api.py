@@ -1,0 +1,115 @@
+"""The management API: one NinjaAPI, routers from each app, errors in one place."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.security import APIKeyHeader
+
+from ocxsite import access
+from providers.errors import ConfigError
+
+
+class ManagementAuth(APIKeyHeader):
+    """`Authorization: Bearer ocxm_…` of a staff user, or a staff session."""
+
+    param_name = "Authorization"
+    openapi_description = "Bearer <management token> (ocxm_…) or a staff session"
+
+    def __call__(self, request: HttpRequest) -> Any:
+        header = request.headers.get("Authorization", "")
+        if header:
+            scheme, _, token = header.partition(" ")
+            if scheme.lower() != "bearer" or not token:
+                return None
+            user = access.mgmt_user_for(token.strip())
+            if user is None:
+                return None
+            request.user = user  # type: ignore[assignment]
+            return user
+        user = getattr(request, "user", None)
+        if user is not None and user.is_authenticated:
+            if not user.is_staff:
+                raise HttpError(403, "staff access required")
+            return user
+        return None
+
+    def authenticate(self, request: HttpRequest, key: str | None) -> Any:
+        return None  # __call__ does the work; kept for the OpenAPI security scheme
+
+
+api = NinjaAPI(
+    title="ocx management API",
+    version="1",
+    urls_namespace="api",
+    auth=ManagementAuth(),
+)
+
+
+def error_body(message: str, **extra: object) -> dict[str, object]:
+    return {"error": message, **extra}
+
+
+@api.exception_handler(ConfigError)
+def on_config_error(request: HttpRequest, exc: ConfigError) -> HttpResponse:
+    return api.create_response(request, error_body(exc.message, **exc.extra), status=exc.status)
+
+
+@api.exception_handler(AuthenticationError)
+def on_auth_error(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
+    return api.create_response(request, error_body("unauthorized"), status=401)
+
+
+@api.exception_handler(HttpError)
+def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    return api.create_response(request, error_body(str(exc)), status=exc.status_code)
+
+
+@api.exception_handler(ValidationError)
+def on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+    first = exc.errors[0] if exc.errors else {}
+    where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
+    message = f"{where}: {first.get('msg', 'invalid input')}" if where else "invalid input"
+    return api.create_response(request, error_body(message), status=400)
+
+
+@api.exception_handler(RequestDataTooBig)
+def on_too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
+    return api.create_response(request, error_body("request body too large"), status=413)
+
+
+def json_body(request: HttpRequest) -> object:
+    """The parsed JSON body, or a 400 with the reference's exact messages."""
+    try:
+        raw = request.body
+    except RequestDataTooBig:
+        raise HttpError(413, "request body too large") from None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise HttpError(400, "invalid JSON body") from None
+
+
+def object_body(request: HttpRequest) -> dict[str, object]:
+    body = json_body(request)
+    if not isinstance(body, dict):
+        raise HttpError(400, "request body must be an object")
+    return body
+
+
+def _mount() -> None:
+    from combos.api import router as combos_router
+    from ocxsite.keys_api import router as keys_router
+    from providers.api import router as providers_router
+
+    api.add_router("/combos", combos_router)
+    api.add_router("/providers", providers_router)
+    api.add_router("/keys", keys_router)
+
+
+_mount()

@@ -1,0 +1,38 @@
+"""ASGI entry point: `/v1/*` goes to the lean proxy app, everything else to Django.
+
+The proxy path skips Django's request machinery on purpose: sync middleware and
+signal receivers cost several thread hops per request (PERFORMANCE-NOTES.md).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ocxsite.settings")
+
+from django.core.asgi import get_asgi_application  # noqa: E402
+
+django_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.urls import path  # noqa: E402
+
+from ocxsite.events import EventsConsumer  # noqa: E402
+from ocxsite.proxy import ProxyApp  # noqa: E402
+
+proxy_app = ProxyApp()
+
+
+async def http_router(scope, receive, send):  # type: ignore[no-untyped-def]
+    if scope["path"].startswith("/v1/"):
+        await proxy_app(scope, receive, send)
+    else:
+        await django_app(scope, receive, send)
+
+
+application = ProtocolTypeRouter(
+    {
+        "http": http_router,
+        "websocket": URLRouter([path("ws/events", EventsConsumer.as_asgi())]),
+    }
+)

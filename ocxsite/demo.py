@@ -1,0 +1,78 @@
+"""`ocx serve --demo`: a provider pair on the built-in mock upstream, `combo/demo`, a key."""
+
+from __future__ import annotations
+
+from combos import services as combo_services
+from combos.models import Combo
+from ocxsite import access
+from providers import services as provider_services
+
+DEMO_KEY_NOTE = "demo"
+
+
+def demo_setup(*, proxy_url: str, mock_url: str) -> str:
+    """Create (or refresh) the demo configuration and return the text to print."""
+    base = mock_url.rstrip("/") + "/v1"
+    provider_services.provider_set(
+        name="mock",
+        raw={
+            "adapter": "openai-responses",
+            "baseUrl": base,
+            "apiKey": "mock-demo-key",
+            "models": {
+                "mock-large": {
+                    "contextWindow": 200000,
+                    "inputModalities": ["text", "image"],
+                    "reasoningEfforts": ["low", "medium", "high"],
+                },
+            },
+        },
+    )
+    provider_services.provider_set(
+        name="mock-chat",
+        raw={
+            "adapter": "openai-chat",
+            "baseUrl": base,
+            "apiKey": "mock-demo-key",
+            "models": {
+                "mock-small": {
+                    "contextWindow": 128000,
+                    "inputModalities": ["text"],
+                    "reasoningEfforts": ["low", "medium"],
+                }
+            },
+        },
+    )
+    combo_services.combo_set(
+        combo_id="demo",
+        raw={
+            "targets": [
+                {"provider": "mock", "model": "mock-large"},
+                {"provider": "mock-chat", "model": "mock-small"},
+            ],
+            "displayName": "Demo combo",
+        },
+    )
+    assert Combo.objects.filter(combo_id="demo").exists()
+    _, secret = access.client_key_create(username="mock", name=DEMO_KEY_NOTE)
+    return f"""
+ocx demo is ready.
+  mock upstream: {mock_url}
+  combo:         combo/demo  (mock/mock-large, then mock-chat/mock-small)
+  client key:    {secret}   (shown once)
+
+Try it:
+  curl -sN {proxy_url}/v1/responses \\
+    -H "Authorization: Bearer {secret}" -H "Content-Type: application/json" \\
+    -d '{{"model":"combo/demo","input":"Say hello","stream":true}}'
+
+Codex (~/.codex/config.toml):
+  model = "combo/demo"
+  model_provider = "ocx"
+
+  [model_providers.ocx]
+  name = "ocx"
+  base_url = "{proxy_url}/v1"
+  wire_api = "responses"
+  env_key = "OCX_API_KEY"      # export OCX_API_KEY={secret}
+"""

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class ClientKey(models.Model):
+    """An `ocx_…` key a developer puts in Codex; stored as a SHA-256 hash only."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="client_keys")
+    name = models.CharField(max_length=64, blank=True, default="")
+    prefix = models.CharField(max_length=16, help_text="first characters, to recognise a key")
+    digest = models.CharField(max_length=64, unique=True)
+    allowed_models = models.JSONField(default=list, blank=True)
+    rpm_limit = models.PositiveIntegerField(null=True, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    revoked = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("-created",)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user})"
+
+
+class ManagementToken(models.Model):
+    """An `ocxm_…` token of a staff user for the management API."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="mgmt_tokens")
+    name = models.CharField(max_length=64, blank=True, default="")
+    prefix = models.CharField(max_length=16)
+    digest = models.CharField(max_length=64, unique=True)
+    created = models.DateTimeField(auto_now_add=True)
+    revoked = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("-created",)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user})"
+
+
+class RequestLog(models.Model):
+    request_id = models.CharField(max_length=40, db_index=True)
+    at = models.DateTimeField(db_index=True)
+    key_prefix = models.CharField(max_length=16, blank=True, default="")
+    user = models.CharField(max_length=150, blank=True, default="")
+    requested_model = models.CharField(max_length=256, blank=True, default="")
+    combo = models.CharField(max_length=64, blank=True, default="")
+    target = models.CharField(max_length=512, blank=True, default="")
+    status = models.PositiveIntegerField(default=0)
+    outcome = models.CharField(max_length=32, blank=True, default="")
+    stream = models.BooleanField(default=False)
+    duration_ms = models.PositiveIntegerField(default=0)
+    input_tokens = models.PositiveIntegerField(null=True, blank=True)
+    output_tokens = models.PositiveIntegerField(null=True, blank=True)
+    cached_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # Route trace: attempts [{target, status, reason, cooled_until, ms}], skipped [[key, why]].
+    attempts = models.JSONField(default=list, blank=True)
+    skipped = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ("-at",)
+
+    def __str__(self) -> str:
+        return self.request_id

@@ -1,0 +1,182 @@
+"""ocx settings: one env-driven file with strict helpers and a SQLite default."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ImproperlyConfigured(f"{name} must be a boolean (true/false/1/0), got {raw!r}")
+
+
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def env_list(name: str, default: str) -> list[str]:
+    raw = os.environ.get(name, default)
+    items = [item.strip() for item in raw.split(",")]
+    if any(not item for item in items):
+        raise ImproperlyConfigured(f"{name} must be a comma-separated list without empty items")
+    return items
+
+
+def _data_dir() -> Path:
+    path = Path(os.environ.get("OCX_DATA_DIR") or "./var").expanduser().resolve()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ImproperlyConfigured(f"OCX_DATA_DIR {str(path)!r} is not usable: {exc}") from None
+    return path
+
+
+def _secret_key(data_dir: Path) -> str:
+    key = os.environ.get("OCX_SECRET_KEY", "")
+    if key:
+        if len(key) < 32:
+            raise ImproperlyConfigured("OCX_SECRET_KEY must be at least 32 characters")
+        return key
+    # Generated once so that stored provider keys stay decryptable across restarts.
+    key_file = data_dir / "secret.key"
+    if not key_file.exists():
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(48))
+    return key_file.read_text().strip()
+
+
+def _database(data_dir: Path) -> dict[str, object]:
+    url = os.environ.get("DATABASE_URL") or f"sqlite:///{data_dir / 'ocx.sqlite3'}"
+    scheme = urlsplit(url).scheme
+    if scheme not in ("sqlite", "postgres", "postgresql", "pgsql", "mysql"):
+        raise ImproperlyConfigured(
+            f"DATABASE_URL must be a sqlite:// or postgres:// URL, got scheme {scheme!r}"
+        )
+    try:
+        config: dict[str, object] = dict(dj_database_url.parse(url))
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"DATABASE_URL is malformed: {exc}") from None
+    # Under ASGI connections are per thread; persistent ones would leak (Django docs).
+    config["CONN_MAX_AGE"] = 0
+    if scheme == "sqlite":
+        config["OPTIONS"] = {"timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"}
+    return config
+
+
+def _redis_url() -> str | None:
+    url = os.environ.get("REDIS_URL") or None
+    if url is not None and urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+        raise ImproperlyConfigured(f"REDIS_URL must be a redis:// URL, got {url!r}")
+    return url
+
+
+OCX_DATA_DIR = _data_dir()
+SECRET_KEY = _secret_key(OCX_DATA_DIR)
+DEBUG = env_bool("OCX_DEBUG", False)
+ALLOWED_HOSTS = env_list("OCX_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
+OCX_REDIS_URL = _redis_url()
+OCX_ADMIN_TOKEN = os.environ.get("OCX_ADMIN_TOKEN") or None
+if OCX_ADMIN_TOKEN is not None and len(OCX_ADMIN_TOKEN) < 16:
+    raise ImproperlyConfigured("OCX_ADMIN_TOKEN must be at least 16 characters")
+# How often a worker checks the config version (PRODUCT §4.2: changes served within 1 s).
+OCX_CONFIG_POLL_MS = env_int("OCX_CONFIG_POLL_MS", 500, minimum=50)
+OCX_PROXY_MAX_BODY = env_int("OCX_PROXY_MAX_BODY", 32 * 1024 * 1024, minimum=1024)
+OCX_API_MAX_BODY = env_int("OCX_API_MAX_BODY", 1024 * 1024, minimum=1024)
+OCX_STATE_KEY_PREFIX = os.environ.get("OCX_STATE_KEY_PREFIX", "ocx")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "providers",
+    "combos",
+    "quota",
+    "ocxsite",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "ocxsite.urls"
+ASGI_APPLICATION = "ocxsite.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": _database(OCX_DATA_DIR)}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+DATA_UPLOAD_MAX_MEMORY_SIZE = OCX_API_MAX_BODY
+
+if OCX_REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [OCX_REDIS_URL]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = OCX_DATA_DIR / "static"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("OCX_LOG_LEVEL", "INFO")},
+}

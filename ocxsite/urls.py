@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import path
+
+from ocxsite import views
+from ocxsite.api import api
+
+admin.site.site_header = "ocx administration"
+admin.site.site_title = "ocx"
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/", api.urls),
+    path("healthz", views.healthz),
+    path("readyz", views.readyz),
+]

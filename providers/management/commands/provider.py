@@ -1,0 +1,151 @@
+"""`ocx provider list|show|set|remove`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from providers import selectors, services
+from providers.errors import ConfigError
+from providers.models import Provider
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise CommandError(message)
+
+
+def _set_parser() -> _Parser:
+    p = _Parser(prog="ocx provider set", add_help=False)
+    p.add_argument("name", nargs="?")
+    p.add_argument("--adapter")
+    p.add_argument("--base-url")
+    p.add_argument("--api-key-env")
+    p.add_argument("--api-key-stdin", action="store_true", help="read the API key from stdin")
+    p.add_argument("--header", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--model", action="append", default=[], metavar="ID[:CONTEXT_WINDOW]")
+    p.add_argument("--disabled", action="store_true")
+    p.add_argument("--enabled", action="store_true")
+    p.add_argument("--from-json", metavar="JSON", help="the whole provider object as JSON")
+    return p
+
+
+class Command(BaseCommand):
+    help = "List, show, create/update and remove providers."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("args", nargs=argparse.REMAINDER)
+
+    def handle(self, *args: str, **options: Any) -> None:
+        argv = list(args)
+        sub = (
+            {"create": "set", "update": "set", "delete": "remove"}.get(argv[0], argv[0])
+            if argv
+            else "list"
+        )
+        rest = argv[1:]
+        try:
+            if sub == "list":
+                self._list()
+            elif sub == "show":
+                self._show(rest)
+            elif sub == "set":
+                self._set(rest)
+            elif sub == "remove":
+                self._remove(rest)
+            else:
+                raise CommandError(f"unknown provider command {sub}")
+        except ConfigError as exc:
+            extra = f" (combos: {', '.join(exc.extra['combos'])})" if "combos" in exc.extra else ""  # type: ignore[arg-type]
+            raise CommandError(exc.message + extra) from None
+
+    def _list(self) -> None:
+        providers = list(Provider.objects.all())
+        if not providers:
+            self.stdout.write(
+                "No providers configured. Add one with: ocx provider set NAME --adapter openai-responses --base-url URL --api-key-env VAR"
+            )
+        for p in providers:
+            state = " (disabled)" if p.disabled else ""
+            self.stdout.write(f"{p.name}  {p.adapter}  {p.base_url}{state}")
+
+    def _show(self, rest: list[str]) -> None:
+        if len(rest) != 1:
+            raise CommandError("provider name is required")
+        provider = Provider.objects.prefetch_related("models").filter(name=rest[0]).first()
+        if provider is None:
+            raise CommandError(f"unknown provider {rest[0]}")
+        out = {"name": provider.name, **selectors.provider_stored_raw(provider)}
+        out["apiKeySet"] = bool(provider.api_key_sealed)
+        self.stdout.write(json.dumps(out, indent=2))
+
+    def _set(self, rest: list[str]) -> None:
+        ns, extra = _set_parser().parse_known_args(rest)
+        if extra:
+            raise CommandError(f"unexpected argument {extra[0]}")
+        if not ns.name:
+            raise CommandError("provider name is required")
+        existing = Provider.objects.prefetch_related("models").filter(name=ns.name).first()
+        raw: dict[str, object] = {}
+        if existing is not None:
+            raw = dict(selectors.provider_raw(existing))
+        if ns.from_json:
+            try:
+                loaded = json.loads(ns.from_json)
+            except ValueError:
+                raise CommandError("--from-json is not valid JSON") from None
+            if not isinstance(loaded, dict):
+                raise CommandError("--from-json must be a JSON object")
+            raw = loaded
+        if ns.adapter:
+            raw["adapter"] = ns.adapter
+        if ns.base_url:
+            raw["baseUrl"] = ns.base_url
+        if ns.api_key_env is not None:
+            if ns.api_key_env == "-":
+                raw.pop("apiKeyEnv", None)
+            else:
+                raw["apiKeyEnv"] = ns.api_key_env
+        if ns.api_key_stdin:
+            key = sys.stdin.readline().strip()
+            if not key:
+                raise CommandError("no API key on stdin")
+            raw["apiKey"] = key
+        if ns.header:
+            headers = dict(raw.get("headers") or {})  # type: ignore[call-overload]
+            for item in ns.header:
+                name, sep, value = item.partition("=")
+                if not sep or not name.strip():
+                    raise CommandError(f"invalid header {item!r}; use NAME=VALUE")
+                headers[name.strip()] = value
+            raw["headers"] = headers
+        if ns.model:
+            models = dict(raw.get("models") or {})  # type: ignore[call-overload]
+            for item in ns.model:
+                model_id, sep, ctx = item.rpartition(":")
+                if sep and ctx.isdigit():
+                    models[model_id] = {**models.get(model_id, {}), "contextWindow": int(ctx)}
+                else:
+                    models.setdefault(item, {})
+            raw["models"] = models
+        if ns.disabled and ns.enabled:
+            raise CommandError("--disabled and --enabled are exclusive")
+        if ns.disabled:
+            raw["disabled"] = True
+        if ns.enabled:
+            raw.pop("disabled", None)
+        provider = services.provider_set(name=ns.name, raw=raw)
+        self.stdout.write(f"Saved provider {provider.name}.")
+
+    def _remove(self, rest: list[str]) -> None:
+        names = [a for a in rest if a != "--yes"]
+        if len(names) != 1:
+            raise CommandError("provider name is required")
+        if "--yes" not in rest:
+            raise CommandError("remove requires --yes")
+        services.provider_delete(name=names[0])
+        self.stdout.write(f"Removed provider {names[0]}.")

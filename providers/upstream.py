@@ -1,0 +1,425 @@
+"""One upstream attempt over httpx: build the request, enforce the timeouts, apply the
+streaming commit rule, translate between protocols, and report an `Outcome`.
+
+Credentials: a provider's own key goes only to its own `baseUrl` (the URL is always built
+from it); the caller's bearer goes only to `chatgpt` providers; `x-ocx-key`, cookies and
+hop-by-hop headers are never forwarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import httpx
+
+from combos.engine.attempts import Outcome
+from combos.engine.classify import FAILURE_BODY_LIMIT, Failure, failure_from_response, redact
+from combos.engine.types import ProviderSpec, TargetSpec
+from providers.wire import chat
+from providers.wire.commit import (
+    CommitScanner,
+    EndState,
+    Phase,
+    StreamFailure,
+    terminal_error_frame,
+    truncation_failure,
+)
+from providers.wire.sse import SSEEvent
+
+Protocol_ = Literal["responses", "chat", "anthropic"]
+UPSTREAM_PROTOCOL: Mapping[str, Protocol_] = {
+    "openai-responses": "responses",
+    "chatgpt": "responses",
+    "openai-chat": "chat",
+    "anthropic": "anthropic",
+}
+PATHS: Mapping[str, str] = {
+    "responses": "/responses",
+    "chat": "/chat/completions",
+    "anthropic": "/messages",
+}
+# Caller headers a `chatgpt` (caller-forward) provider receives; nothing else is forwarded.
+CHATGPT_FORWARD = (
+    "authorization",
+    "chatgpt-account-id",
+    "openai-beta",
+    "originator",
+    "session_id",
+    "version",
+    "x-codex-beta-features",
+    "x-openai-subagent",
+)
+MAX_BODY = 64 * 1024 * 1024
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class Responder(Protocol):
+    """The client side of one request: `commit` sends the status line and headers once."""
+
+    async def commit(
+        self, status: int, headers: list[tuple[bytes, bytes]], target: TargetSpec
+    ) -> None: ...
+
+    async def write(self, data: bytes) -> None: ...
+
+
+@dataclass(frozen=True)
+class Caller:
+    """What the caller sent that an upstream may need (only `chatgpt` gets `headers`)."""
+
+    headers: Mapping[str, str]
+    request_id: str
+
+
+class MissingCredential(Exception):
+    pass
+
+
+def new_client(provider: ProviderSpec) -> httpx.AsyncClient:
+    t = provider.timeouts
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(
+            connect=t.connect_ms / 1000,
+            read=None,
+            write=t.total_ms / 1000,
+            pool=t.connect_ms / 1000,
+        ),
+        limits=httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=30),
+        follow_redirects=False,
+        trust_env=False,
+    )
+
+
+def upstream_headers(
+    provider: ProviderSpec, credential: str | None, caller: Caller
+) -> dict[str, str]:
+    headers = {"content-type": "application/json", "accept-encoding": "identity"}
+    headers.update(dict(provider.headers))
+    if provider.adapter == "chatgpt":
+        for name in CHATGPT_FORWARD:
+            value = caller.headers.get(name)
+            if value is not None:
+                headers[name] = value
+    elif provider.adapter == "anthropic":
+        if credential:
+            headers["x-api-key"] = credential
+        headers.setdefault("anthropic-version", "2023-06-01")
+    elif credential:
+        headers["authorization"] = f"Bearer {credential}"
+    headers["x-request-id"] = caller.request_id
+    return headers
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def upstream_body(
+    inbound: Literal["responses", "chat"], upstream: Protocol_, body: Mapping[str, Any], model: str
+) -> dict[str, Any]:
+    if inbound == upstream:
+        out = dict(body)
+        out["model"] = model
+        return out
+    if inbound == "responses" and upstream == "chat":
+        return chat.responses_request_to_chat(body, model=model)
+    if inbound == "chat" and upstream == "responses":
+        return chat.chat_request_to_responses(body, model=model)
+    from providers.wire import anthropic
+
+    if inbound == "responses":
+        return anthropic.responses_request_to_messages(body, model=model)
+    return anthropic.chat_request_to_messages(body, model=model)
+
+
+def _failure_from_stream(sf: StreamFailure, event: str | None = None) -> Failure:
+    return Failure(
+        status=sf.status,
+        error_type=sf.type,
+        error_code=sf.code,
+        message=redact(sf.message),
+        stream_event=event,
+        body=sf.body(),
+    )
+
+
+class _Translator(Protocol):
+    def feed_event(self, event: SSEEvent) -> bytes: ...
+
+    def close(self) -> bytes: ...
+
+    def fail(self, failure: StreamFailure) -> bytes: ...
+
+
+def _stream_translator(
+    inbound: Literal["responses", "chat"], upstream: Protocol_, model: str, request_id: str
+) -> tuple[_Translator | None, bytes]:
+    created = int(time.time())
+    rid = "resp_" + request_id.replace("-", "")
+    if inbound == upstream:
+        return None, b""
+    if inbound == "responses" and upstream == "chat":
+        t = chat.ChatToResponsesStream(response_id=rid, model=model, created_at=created)
+        return t, t.start()
+    if inbound == "chat" and upstream == "responses":
+        return chat.ResponsesToChatStream(
+            chat_id="chatcmpl-" + request_id.replace("-", ""), model=model, created=created
+        ), b""
+    from providers.wire import anthropic
+
+    if inbound == "responses":
+        a = anthropic.MessagesToResponsesStream(response_id=rid, model=model, created_at=created)
+        return a, a.start()
+    m = anthropic.MessagesToChatStream(
+        chat_id="chatcmpl-" + request_id.replace("-", ""), model=model, created=created
+    )
+    return m, b""
+
+
+def _scanner(upstream: Protocol_) -> CommitScanner:
+    if upstream == "anthropic":
+        from providers.wire import anthropic
+
+        return anthropic.AnthropicCommitScanner()  # type: ignore[return-value]
+    return CommitScanner(upstream)
+
+
+def _translate_json(
+    inbound: Literal["responses", "chat"], upstream: Protocol_, data: Any, model: str, rid: str
+) -> Any:
+    if inbound == upstream:
+        return None
+    created = int(time.time())
+    if inbound == "responses" and upstream == "chat":
+        return chat.chat_response_to_responses(
+            data, response_id="resp_" + rid, created_at=created, model=model
+        )
+    if inbound == "chat" and upstream == "responses":
+        return chat.responses_response_to_chat(data, chat_id="chatcmpl-" + rid, model=model)
+    from providers.wire import anthropic
+
+    if inbound == "responses":
+        return anthropic.messages_response_to_responses(
+            data, response_id="resp_" + rid, created_at=created, model=model
+        )
+    return anthropic.messages_response_to_chat(data, chat_id="chatcmpl-" + rid, model=model)
+
+
+async def _read_bounded(resp: httpx.Response, limit: int, deadline_s: float) -> bytes:
+    out = bytearray()
+    async with asyncio.timeout(deadline_s):
+        async for chunk in resp.aiter_raw():
+            out += chunk
+            if len(out) > limit:
+                break
+    return bytes(out)
+
+
+async def attempt(
+    *,
+    client: httpx.AsyncClient,
+    provider: ProviderSpec,
+    target: TargetSpec,
+    credential: str | None,
+    inbound: Literal["responses", "chat"],
+    body: Mapping[str, Any],
+    stream: bool,
+    caller: Caller,
+    responder: Responder,
+    observe: Callable[[int, Mapping[str, str]], Awaitable[None] | None] | None = None,
+) -> Outcome:
+    """Run one attempt against `target`. Never raises for upstream trouble: it returns an
+    `Outcome`. Cancellation (client abort) propagates after closing the upstream response."""
+    upstream = UPSTREAM_PROTOCOL[provider.adapter]
+    out_body = upstream_body(inbound, upstream, body, target.model)
+    url = provider.base_url.rstrip("/") + PATHS[upstream]
+    headers = upstream_headers(provider, credential, caller)
+    payload = json.dumps(out_body, separators=(",", ":"), ensure_ascii=False).encode()
+    t = provider.timeouts
+    request = client.build_request("POST", url, headers=headers, content=payload)
+    try:
+        async with asyncio.timeout(t.first_byte_ms / 1000):
+            resp = await client.send(request, stream=True)
+    except TimeoutError:
+        return Outcome(False, Failure(transport="timeout_first_byte", message="no response"))
+    except httpx.ConnectTimeout:
+        return Outcome(False, Failure(transport="timeout_connect", message="connect timeout"))
+    except httpx.ConnectError:
+        return Outcome(False, Failure(transport="connect", message="connection failed"))
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+        return Outcome(False, Failure(transport="reset", message="connection reset"))
+    except httpx.HTTPError as exc:
+        return Outcome(False, Failure(transport="connect", message=type(exc).__name__))
+    try:
+        resp_headers = {k.lower(): v for k, v in resp.headers.items()}
+        if observe is not None:
+            maybe = observe(resp.status_code, resp_headers)
+            if maybe is not None:
+                await maybe
+        if resp.status_code >= 300:
+            try:
+                raw = await _read_bounded(resp, FAILURE_BODY_LIMIT, t.idle_ms / 1000)
+            except (TimeoutError, httpx.HTTPError):
+                raw = b""
+            if upstream == "anthropic":
+                from providers.wire import anthropic
+
+                raw = _anthropic_error_bytes(anthropic, resp.status_code, raw)
+            return Outcome(False, failure_from_response(resp.status_code, resp_headers, raw))
+        if not stream:
+            return await _non_stream(resp, inbound, upstream, target, responder, caller, t.total_ms)
+        return await _stream(
+            resp, inbound, upstream, target, responder, caller, t.first_byte_ms, t.idle_ms
+        )
+    finally:
+        await resp.aclose()
+
+
+def _anthropic_error_bytes(anthropic: Any, status: int, raw: bytes) -> bytes:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return raw
+    return json.dumps(anthropic.anthropic_error_to_openai(status, body)).encode()
+
+
+async def _non_stream(
+    resp: httpx.Response,
+    inbound: Literal["responses", "chat"],
+    upstream: Protocol_,
+    target: TargetSpec,
+    responder: Responder,
+    caller: Caller,
+    total_ms: int,
+) -> Outcome:
+    try:
+        raw = await _read_bounded(resp, MAX_BODY, total_ms / 1000)
+    except TimeoutError:
+        return Outcome(False, Failure(transport="timeout_total", message="response too slow"))
+    except httpx.HTTPError:
+        return Outcome(False, Failure(transport="reset", message="connection reset"))
+    if inbound != upstream:
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return Outcome(
+                False,
+                Failure(status=502, transport="malformed", message="upstream sent malformed JSON"),
+            )
+        translated = _translate_json(
+            inbound, upstream, data, target.model, caller.request_id.replace("-", "")
+        )
+        raw = json.dumps(translated, separators=(",", ":"), ensure_ascii=False).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(raw)).encode()),
+    ]
+    await responder.commit(resp.status_code, headers, target)
+    await responder.write(raw)
+    return Outcome(True, status=resp.status_code)
+
+
+async def _chunks(resp: httpx.Response, first_ms: int, idle_ms: int) -> AsyncIterator[bytes]:
+    it = resp.aiter_raw().__aiter__()
+    limit = first_ms / 1000
+    while True:
+        async with asyncio.timeout(limit):
+            try:
+                chunk = await it.__anext__()
+            except StopAsyncIteration:
+                return
+        limit = idle_ms / 1000
+        if chunk:
+            yield chunk
+
+
+async def _stream(
+    resp: httpx.Response,
+    inbound: Literal["responses", "chat"],
+    upstream: Protocol_,
+    target: TargetSpec,
+    responder: Responder,
+    caller: Caller,
+    first_byte_ms: int,
+    idle_ms: int,
+) -> Outcome:
+    scanner = _scanner(upstream)
+    translator, preamble = _stream_translator(inbound, upstream, target.model, caller.request_id)
+    pending: list[bytes] = [preamble] if preamble else []
+    committed = False
+    broken: StreamFailure | None = None
+    try:
+        async for chunk in _chunks(resp, first_byte_ms, idle_ms):
+            decision = scanner.feed(chunk)
+            if decision.phase is Phase.FAILED:
+                assert decision.failure is not None
+                return Outcome(False, _failure_from_stream(decision.failure, "error"))
+            data = (
+                chunk
+                if translator is None
+                else b"".join(translator.feed_event(e) for e in decision.events)
+            )
+            if not committed:
+                if decision.phase is Phase.COMMITTED:
+                    committed = True
+                    await responder.commit(200, list(SSE_HEADERS), target)
+                    await responder.write(b"".join(pending) + data)
+                    pending = []
+                elif data:
+                    pending.append(data)
+            elif data:
+                await responder.write(data)
+    except TimeoutError:
+        broken = truncation_failure(
+            "stalled (idle timeout)" if committed else "sent no output before the timeout"
+        )
+        if not committed:
+            kind = "timeout_idle" if scanner.buffered() else "timeout_first_byte"
+            return Outcome(False, Failure(transport=kind, message=broken.message))
+    except httpx.HTTPError:
+        broken = truncation_failure("connection was cut")
+        if not committed:
+            return Outcome(False, Failure(transport="reset", message=broken.message))
+    if broken is None:
+        decision = scanner.finish()
+        if not committed:
+            if decision.phase is Phase.FAILED:
+                assert decision.failure is not None
+                return Outcome(False, _failure_from_stream(decision.failure, "error"))
+            # The stream completed without visible output (e.g. an empty answer): commit it.
+            committed = True
+            tail = (
+                b""
+                if translator is None
+                else b"".join(translator.feed_event(e) for e in decision.events)
+            )
+            await responder.commit(200, list(SSE_HEADERS), target)
+            await responder.write(b"".join(pending) + tail)
+        elif translator is not None and decision.events:
+            await responder.write(b"".join(translator.feed_event(e) for e in decision.events))
+        end = scanner.end_state()
+        if end is EndState.TRUNCATED or end is EndState.OPEN:
+            broken = truncation_failure("stream ended before completion")
+        elif end is EndState.FAILED:
+            sf = scanner.failure or truncation_failure("failed")
+            if translator is not None:
+                await responder.write(translator.close())
+            return Outcome(True, _failure_from_stream(sf, "response.failed"), status=200)
+    if broken is not None:
+        if translator is not None:
+            await responder.write(translator.fail(broken))
+        else:
+            await responder.write(terminal_error_frame(inbound, broken))  # type: ignore[arg-type]
+        return Outcome(True, _failure_from_stream(broken), status=200)
+    if translator is not None:
+        await responder.write(translator.close())
+    return Outcome(True, status=200)

@@ -1,0 +1,490 @@
+"""Pre-output buffering and the streaming commit rule (behaviour reference §4, PRODUCT §5.4).
+
+A `CommitScanner` is fed the raw byte chunks of one upstream SSE attempt. While nothing visible
+has been produced it keeps the chunks (bounded: 4 MiB and 4096 chunks) and answers `BUFFERING`;
+the first output commits (`COMMITTED`: replay `buffered()` then stream the rest through); a
+retryable zero-output terminal (`response.failed`, `response.incomplete` with an EOF-like reason,
+a bare `error` event, a Chat chunk with an `error` object) answers `FAILED` with a
+`StreamFailure` for the attempt loop to classify (hop or stop). After commit the scanner keeps
+watching the same stream so `end_state()` tells a clean end from an upstream failure or a
+truncation; `terminal_error_frame()` gives the explicit terminal error to send in the latter case.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Literal
+
+from providers.wire.sse import SSEEvent, SSEFrameTooLarge, SSEParser, encode_json_event
+
+WireProtocol = Literal["responses", "chat"]
+
+MAX_BUFFER_BYTES = 4 * 1024 * 1024
+MAX_BUFFER_CHUNKS = math.ceil(MAX_BUFFER_BYTES / 1024)
+
+RESPONSES_CONTROL_EVENTS = frozenset(
+    {"response.created", "response.in_progress", "response.queued", "response.heartbeat"}
+)
+RESPONSES_TERMINAL_EVENTS = frozenset(
+    {"response.completed", "response.failed", "response.incomplete"}
+)
+# `response.incomplete` reasons that mean "the upstream broke", not "the model stopped".
+RETRYABLE_INCOMPLETE_REASONS = frozenset(
+    {None, "adapter_eof", "missing_terminal_event", "upstream_stall_timeout"}
+)
+
+DEFAULT_PRE_OUTPUT_ERROR: Mapping[str, str] = {
+    "type": "upstream_error",
+    "code": "upstream_server_error",
+    "message": "Provider stream failed before producing output",
+}
+
+# Status for an error that carries no HTTP status of its own (reference §4, newest behaviour).
+_CODE_STATUS: Mapping[str, int] = {
+    "invalid_request_error": 400,
+    "context_length_exceeded": 400,
+    "invalid_prompt": 400,
+    "cyber_policy": 400,
+    "invalid_api_key": 401,
+    "authentication_error": 401,
+    "payment_required": 402,
+    "permission_denied": 403,
+    "permission_error": 403,
+    "subscription_required": 403,
+    "not_found_error": 404,
+    "model_not_found": 404,
+    "request_too_large": 413,
+    "rate_limit_exceeded": 429,
+    "rate_limit_error": 429,
+    "insufficient_quota": 429,
+    "usage_limit_reached": 429,
+    "api_error": 500,
+    "server_error": 500,
+    "upstream_server_error": 502,
+    "server_is_overloaded": 503,
+    "slow_down": 503,
+    "overloaded_error": 529,
+}
+
+
+class Phase(Enum):
+    BUFFERING = "buffering"
+    COMMITTED = "committed"
+    FAILED = "failed"
+
+
+class EndState(Enum):
+    """How a (committed) stream ended."""
+
+    OPEN = "open"  # no terminal seen and not finished yet
+    COMPLETED = "completed"  # Responses `response.completed`; Chat `[DONE]` after a finish_reason
+    FAILED = "failed"  # the upstream sent its own failure terminal (already forwarded as is)
+    INCOMPLETE = "incomplete"  # Responses `response.incomplete` (the client saw it as is)
+    TRUNCATED = "truncated"  # ended without a terminal: the proxy must send terminal_error_frame
+
+
+@dataclass(frozen=True, slots=True)
+class StreamFailure:
+    """A stream failure for the attempt loop: `status` is the HTTP status to classify with,
+    `error` the OpenAI-shaped error object, `usage` any usage the terminal reported."""
+
+    status: int
+    type: str
+    code: str
+    message: str
+    error: Mapping[str, Any] = field(default_factory=dict)
+    usage: Mapping[str, Any] | None = None
+
+    def body(self) -> dict[str, Any]:
+        """The failure body of reference §4: `{"error": …, "response": {"error", "usage"?}}`."""
+        err = dict(self.error) or {"type": self.type, "code": self.code, "message": self.message}
+        response: dict[str, Any] = {"error": err}
+        if self.usage is not None:
+            response["usage"] = dict(self.usage)
+        return {"error": err, "response": response}
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The scanner's answer for one chunk: the phase after it, why, the failure (FAILED only),
+    and the frames parsed from the chunk (for callers that translate rather than pass through)."""
+
+    phase: Phase
+    reason: str
+    failure: StreamFailure | None = None
+    events: tuple[SSEEvent, ...] = ()
+
+
+class EventClass(Enum):
+    NEUTRAL = "neutral"  # no data (comment, keep-alive) or a sentinel with no meaning pre-output
+    CONTROL = "control"  # replayable lifecycle event
+    OUTPUT = "output"  # commits
+    COMPLETED = "completed"  # clean terminal (commits, the stream is done)
+    INCOMPLETE = "incomplete"  # non-retryable response.incomplete (commits)
+    FINISH = "finish"  # Chat chunk carrying a finish_reason without content
+    DONE = "done"  # Chat `[DONE]`
+    FAILURE = "failure"  # failure terminal / error event
+
+
+def _status_from(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and 100 <= value <= 599:
+        return value
+    if isinstance(value, str) and len(value) == 3 and value.isdigit() and 400 <= int(value) <= 599:
+        return int(value)
+    return None
+
+
+def _explicit_status(*objs: Any) -> int | None:
+    for obj in objs:
+        if isinstance(obj, Mapping):
+            for key in ("status", "status_code", "http_status"):
+                status = _status_from(obj.get(key))
+                if status is not None:
+                    return status
+    return None
+
+
+def failure_from_error(
+    error: Any,
+    *,
+    status: int | None = None,
+    usage: Mapping[str, Any] | None = None,
+    default_status: int = 502,
+) -> StreamFailure:
+    """Build a `StreamFailure` from an upstream error object (or string). The status is
+    `status` if given, else the error's own `status`/`status_code`/`http_status`, else derived
+    from its code/type (e.g. `server_is_overloaded` → 503), else `default_status`."""
+    if isinstance(error, str):
+        error = {"message": error}
+    if not isinstance(error, Mapping) or not error:
+        error = dict(DEFAULT_PRE_OUTPUT_ERROR)
+    code = error.get("code")
+    etype = error.get("type")
+    code_s = str(code) if code is not None else ""
+    type_s = str(etype) if isinstance(etype, str) else ""
+    message = error.get("message")
+    message_s = message if isinstance(message, str) else json.dumps(message)
+    if status is None:
+        status = _explicit_status(error)
+    if status is None and not isinstance(code, bool) and isinstance(code, int | str):
+        # OpenRouter-style gateways put the HTTP status in `error.code`.
+        status = _status_from(code if isinstance(code, int) and code >= 400 else str(code))
+    if status is None:
+        status = _CODE_STATUS.get(code_s.lower()) or _CODE_STATUS.get(type_s.lower())
+    return StreamFailure(
+        status=status or default_status,
+        type=type_s or "upstream_error",
+        code=code_s or type_s or "upstream_error",
+        message=message_s if message is not None else "",
+        error=dict(error),
+        usage=usage,
+    )
+
+
+def truncation_failure(reason: str = "stream ended before completion") -> StreamFailure:
+    """The failure to report when an upstream stream ends, stalls or breaks without a terminal."""
+    return StreamFailure(
+        status=502,
+        type="upstream_error",
+        code="upstream_stream_truncated",
+        message=f"Upstream {reason}",
+    )
+
+
+def _chat_delta_has_output(delta: Any) -> bool:
+    if not isinstance(delta, Mapping):
+        return False
+    for key in ("content", "reasoning_content", "reasoning", "refusal"):
+        value = delta.get(key)
+        if value:
+            return True
+    return bool(delta.get("tool_calls")) or bool(delta.get("function_call"))
+
+
+def classify_payload(protocol: WireProtocol, event: SSEEvent) -> EventClass:
+    """Classify one parsed SSE frame for the commit rule of `protocol`."""
+    if not event.has_data:
+        return EventClass.NEUTRAL
+    if event.is_done:
+        return EventClass.DONE if protocol == "chat" else EventClass.NEUTRAL
+    try:
+        payload = event.json()
+    except ValueError:
+        return EventClass.OUTPUT
+    if not isinstance(payload, dict):
+        return EventClass.OUTPUT
+    if protocol == "responses":
+        return _classify_responses(payload)
+    return _classify_chat(payload)
+
+
+def _classify_responses(payload: Mapping[str, Any]) -> EventClass:
+    etype = payload.get("type")
+    if not isinstance(etype, str):
+        return EventClass.OUTPUT
+    if etype == "response.created":
+        response = payload.get("response")
+        output = response.get("output") if isinstance(response, Mapping) else None
+        return EventClass.OUTPUT if output else EventClass.CONTROL
+    if etype in RESPONSES_CONTROL_EVENTS:
+        return EventClass.CONTROL
+    if etype == "response.completed":
+        return EventClass.COMPLETED
+    if etype in ("response.failed", "error"):
+        return EventClass.FAILURE
+    if etype == "response.incomplete":
+        response = payload.get("response")
+        details = response.get("incomplete_details") if isinstance(response, Mapping) else None
+        reason = details.get("reason") if isinstance(details, Mapping) else None
+        if reason in RETRYABLE_INCOMPLETE_REASONS:
+            return EventClass.FAILURE
+        return EventClass.INCOMPLETE
+    return EventClass.OUTPUT
+
+
+def _classify_chat(payload: Mapping[str, Any]) -> EventClass:
+    if payload.get("error") is not None or payload.get("type") == "error":
+        return EventClass.FAILURE
+    choices = payload.get("choices")
+    if not isinstance(choices, list):
+        # Usage-only chunks and vendor keep-alives carry no choices.
+        return EventClass.CONTROL if "usage" in payload or "id" in payload else EventClass.OUTPUT
+    finished = False
+    for choice in choices:
+        if not isinstance(choice, Mapping):
+            return EventClass.OUTPUT
+        if _chat_delta_has_output(choice.get("delta")) or _chat_delta_has_output(
+            choice.get("message")
+        ):
+            return EventClass.OUTPUT
+        if choice.get("finish_reason"):
+            finished = True
+    return EventClass.FINISH if finished else EventClass.CONTROL
+
+
+def failure_from_payload(protocol: WireProtocol, event: SSEEvent) -> StreamFailure:
+    """The `StreamFailure` for a frame classified `FAILURE` (or a retryable incomplete)."""
+    try:
+        payload = event.json()
+    except ValueError:
+        payload = {}
+    if not isinstance(payload, Mapping):
+        payload = {}
+    response = payload.get("response")
+    response = response if isinstance(response, Mapping) else {}
+    usage = response.get("usage") if isinstance(response.get("usage"), Mapping) else None
+    if protocol == "responses" and payload.get("type") == "response.incomplete":
+        details = response.get("incomplete_details")
+        reason = details.get("reason") if isinstance(details, Mapping) else None
+        return failure_from_error(
+            {
+                "type": "upstream_error",
+                "code": "upstream_server_error",
+                "message": f"Provider stream ended incomplete ({reason or 'no reason'})",
+            },
+            status=_explicit_status(payload, response),
+            usage=usage,
+        )
+    error = response.get("error") if response else None
+    if error is None:
+        error = payload.get("error")
+    status = _explicit_status(payload, response, error)
+    if error is None and payload.get("type") == "error":
+        # Bare `{"type":"error","code":…,"message":…}` without a nested object.
+        error = {k: v for k, v in payload.items() if k in ("code", "message", "param")}
+        error["type"] = payload.get("code") or "upstream_error"
+    return failure_from_error(error, status=status, usage=usage)
+
+
+class _EndTracker:
+    """Watches terminals to tell a clean end from a failure or truncation."""
+
+    def __init__(self, protocol: WireProtocol) -> None:
+        self.protocol = protocol
+        self.state = EndState.OPEN
+        self.finish_seen = False
+        self.failure: StreamFailure | None = None
+
+    def observe(self, cls: EventClass, event: SSEEvent) -> None:
+        if self.state in (EndState.FAILED, EndState.COMPLETED, EndState.INCOMPLETE):
+            return
+        if cls is EventClass.FAILURE:
+            self.state = EndState.FAILED
+            self.failure = failure_from_payload(self.protocol, event)
+        elif cls is EventClass.COMPLETED:
+            self.state = EndState.COMPLETED
+        elif cls is EventClass.INCOMPLETE:
+            self.state = EndState.INCOMPLETE
+        elif self.protocol == "chat":
+            if cls is EventClass.FINISH or (cls is EventClass.OUTPUT and _chunk_finishes(event)):
+                self.finish_seen = True
+            elif cls is EventClass.DONE:
+                self.state = EndState.COMPLETED if self.finish_seen else EndState.TRUNCATED
+
+    def close(self) -> None:
+        if self.state is EndState.OPEN:
+            self.state = EndState.TRUNCATED
+
+
+def _chunk_finishes(event: SSEEvent) -> bool:
+    try:
+        payload = event.json()
+    except ValueError:
+        return False
+    choices = payload.get("choices") if isinstance(payload, Mapping) else None
+    return isinstance(choices, list) and any(
+        isinstance(c, Mapping) and c.get("finish_reason") for c in choices
+    )
+
+
+class CommitScanner:
+    """The per-attempt pre-commit scanner for a `responses` or `chat` SSE stream.
+
+    Call `feed(chunk)` for each upstream chunk and act on the returned `Decision.phase`:
+    `BUFFERING` → keep reading; `COMMITTED` (first time) → send `buffered()` to the client and
+    pass every later chunk through (keep calling `feed` so the end is tracked); `FAILED` → cancel
+    the upstream and hand `decision.failure` to the hop/stop classifier. At end of stream call
+    `finish()`: before commit, a stream that ended with no output and no terminal is a failure
+    (a cut connection hops, PRODUCT §5.2); after it, `end_state()` is `TRUNCATED` unless a
+    terminal was seen. Buffer overflow (bytes or chunks) commits at once, without inspection.
+    """
+
+    def __init__(
+        self,
+        protocol: WireProtocol,
+        *,
+        max_bytes: int = MAX_BUFFER_BYTES,
+        max_chunks: int = MAX_BUFFER_CHUNKS,
+        max_frame_bytes: int = MAX_BUFFER_BYTES,
+    ) -> None:
+        self.protocol: WireProtocol = protocol
+        self._max_bytes = max_bytes
+        self._max_chunks = max_chunks
+        self._parser = SSEParser(max_frame_bytes)
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._phase = Phase.BUFFERING
+        self._failure: StreamFailure | None = None
+        self._end = _EndTracker(protocol)
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
+    def failure(self) -> StreamFailure | None:
+        """The pre-output failure (FAILED) or the upstream's own post-commit failure terminal."""
+        return self._failure or self._end.failure
+
+    def buffered(self) -> list[bytes]:
+        """The chunks held before commit (including the committing chunk), to replay in order."""
+        return list(self._chunks)
+
+    def end_state(self) -> EndState:
+        return self._end.state
+
+    def feed(self, chunk: bytes) -> Decision:
+        """Inspect one upstream chunk and return the phase after it."""
+        if self._phase is Phase.FAILED:
+            return Decision(Phase.FAILED, "failed", self._failure)
+        if self._phase is Phase.COMMITTED:
+            return self._after_commit(chunk)
+        if self._size + len(chunk) > self._max_bytes or len(self._chunks) + 1 > self._max_chunks:
+            self._chunks.append(chunk)
+            self._phase = Phase.COMMITTED
+            events = self._parse_and_track(chunk)
+            return Decision(Phase.COMMITTED, "buffer_cap", None, events)
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+        try:
+            events = tuple(self._parser.feed(chunk))
+        except SSEFrameTooLarge:
+            self._phase = Phase.COMMITTED
+            return Decision(Phase.COMMITTED, "buffer_cap")
+        return self._inspect(events, "lifecycle")
+
+    def finish(self) -> Decision:
+        """End of the upstream stream (clean close, cut connection, or idle timeout)."""
+        try:
+            events = tuple(self._parser.finish())
+        except SSEFrameTooLarge:
+            events = ()
+        decision = self._inspect(events, "end") if events else None
+        if decision is not None and decision.phase is Phase.FAILED:
+            return decision
+        self._end.close()
+        if self._phase is Phase.BUFFERING:
+            self._phase = Phase.FAILED
+            self._failure = truncation_failure("stream ended before producing output")
+            return Decision(Phase.FAILED, "ended_without_output", self._failure, events)
+        return Decision(self._phase, self._end.state.value, self.failure, events)
+
+    def _after_commit(self, chunk: bytes) -> Decision:
+        return Decision(Phase.COMMITTED, "committed", None, self._parse_and_track(chunk))
+
+    def _parse_and_track(self, chunk: bytes) -> tuple[SSEEvent, ...]:
+        try:
+            events = tuple(self._parser.feed(chunk))
+        except SSEFrameTooLarge:
+            # Post-commit a runaway frame is malformed data: the stream counts as truncated.
+            self._end.close()
+            return ()
+        for event in events:
+            self._end.observe(classify_payload(self.protocol, event), event)
+        return events
+
+    def _inspect(self, events: tuple[SSEEvent, ...], idle_reason: str) -> Decision:
+        reason = idle_reason
+        for event in events:
+            cls = classify_payload(self.protocol, event)
+            if self._phase is Phase.BUFFERING:
+                if cls is EventClass.FAILURE or (
+                    cls is EventClass.DONE and not self._end.finish_seen
+                ):
+                    if cls is EventClass.DONE:
+                        failure = truncation_failure("stream ended before producing output")
+                    else:
+                        failure = failure_from_payload(self.protocol, event)
+                    self._phase = Phase.FAILED
+                    self._failure = failure
+                    return Decision(Phase.FAILED, "pre_output_failure", failure, events)
+                if cls in (
+                    EventClass.OUTPUT,
+                    EventClass.COMPLETED,
+                    EventClass.INCOMPLETE,
+                    EventClass.FINISH,
+                ):
+                    self._phase = Phase.COMMITTED
+                    reason = "output" if cls is EventClass.OUTPUT else "terminal"
+            self._end.observe(cls, event)
+        return Decision(self._phase, reason, None, events)
+
+
+def terminal_error_frame(
+    protocol: WireProtocol,
+    failure: StreamFailure,
+    *,
+    response_id: str | None = None,
+    sequence_number: int | None = None,
+) -> bytes:
+    """The explicit terminal error to send after commit when the upstream broke: a
+    `response.failed` event for Responses, an `error` data frame (and never `[DONE]`) for Chat."""
+    error = {"type": failure.type, "code": failure.code, "message": failure.message}
+    if protocol == "chat":
+        return encode_json_event(None, {"error": error})
+    payload: dict[str, Any] = {"type": "response.failed"}
+    if sequence_number is not None:
+        payload["sequence_number"] = sequence_number
+    payload["response"] = {
+        "id": response_id or "resp_ocx_failed",
+        "object": "response",
+        "status": "failed",
+        "error": {"code": failure.code, "message": failure.message, "type": failure.type},
+    }
+    return encode_json_event("response.failed", payload)

@@ -1,0 +1,250 @@
+"""Shared fixtures: real `ocx mock-upstream` and real `ocx serve` processes on loopback.
+
+End-to-end tests never share the pytest-django test database with the server: each server
+gets its own data dir (SQLite) or its own fresh PostgreSQL database when DATABASE_URL points
+at PostgreSQL, and is configured through its own management API (OCX_ADMIN_TOKEN).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
+
+
+def _start(cmd: list[str], env: dict[str, str], marker: str, timeout: float = 30) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if marker in line:
+            url = line.strip().split(" ")[-1] if "listening on" in line else ""
+            if marker == "ocx listening on":
+                url = line.split("ocx listening on ")[1].split(" ")[0]
+            _drain(proc)
+            return proc, url
+    proc.kill()
+    raise RuntimeError("process did not start:\n" + "".join(seen))
+
+
+def _drain(proc: subprocess.Popen[str]) -> None:
+    # Keep reading the child's output so that it never blocks on a full pipe.
+    import threading
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if os.environ.get("OCX_TEST_ECHO"):
+                sys.stderr.write(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+class Mock:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.http = httpx.Client(base_url=url, timeout=10)
+
+    def script(self, model: str, steps: list[dict[str, Any]], then: dict[str, Any] | None = None) -> None:
+        payload: dict[str, Any] = {"model": model, "steps": steps}
+        if then is not None:
+            payload["then"] = then
+        self.http.post("/_mock/script", json=payload).raise_for_status()
+
+    def log(self, model: str | None = None) -> list[dict[str, Any]]:
+        params = {"model": model} if model else None
+        return self.http.get("/_mock/log", params=params).json()
+
+    def hits(self, model: str) -> int:
+        return len(self.log(model))
+
+    def reset(self) -> None:
+        self.http.post("/_mock/reset").raise_for_status()
+
+
+@pytest.fixture(scope="session")
+def mock_upstream() -> Iterator[Mock]:
+    proc, url = _start(
+        [sys.executable, "-m", "providers.mock_upstream", "--port", "0"],
+        dict(os.environ),
+        "listening on",
+    )
+    mock = Mock(url)
+    try:
+        yield mock
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture
+def mock(mock_upstream: Mock) -> Mock:
+    mock_upstream.reset()
+    return mock_upstream
+
+
+def _server_database() -> tuple[str | None, callable]:  # type: ignore[valid-type]
+    """A fresh PostgreSQL database for one server when DATABASE_URL is PostgreSQL."""
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(("postgres://", "postgresql://")):
+        return None, lambda: None
+    import psycopg
+
+    parts = urlsplit(url)
+    name = f"ocx_e2e_{uuid.uuid4().hex[:10]}"
+    admin_url = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+    def drop() -> None:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    return urlunsplit(parts._replace(path=f"/{name}")), drop
+
+
+class Server:
+    def __init__(self, url: str, proc: subprocess.Popen[str], data_dir: Path) -> None:
+        self.url = url
+        self.proc = proc
+        self.data_dir = data_dir
+        self.api = httpx.Client(
+            base_url=url, timeout=30, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        )
+        self.http = httpx.Client(base_url=url, timeout=60)
+
+    def put_provider(self, name: str, provider: dict[str, Any]) -> None:
+        r = self.api.put("/api/providers", json={"name": name, "provider": provider})
+        assert r.status_code == 200, r.text
+
+    def put_combo(self, combo_id: str, combo: dict[str, Any]) -> None:
+        r = self.api.put("/api/combos", json={"id": combo_id, "combo": combo})
+        assert r.status_code == 200, r.text
+
+    def create_key(self, user: str = "dev", **extra: Any) -> str:
+        r = self.api.post("/api/keys", json={"user": user, **extra})
+        assert r.status_code == 201, r.text
+        return r.json()["key"]
+
+    def wait_synced(self, timeout: float = 5) -> None:
+        """Wait until the worker serves the stored config version (PRODUCT §4.2)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            stored = self.http.get("/readyz").json().get("configVersion")
+            served = self.http.get("/healthz").json().get("configVersion")
+            if stored is not None and stored == served:
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"config not propagated: stored {stored}, served {served}")
+
+    def reset(self) -> None:
+        for combo in self.api.get("/api/combos").json()["combos"]:
+            self.api.delete("/api/combos", params={"id": combo["id"]})
+        for provider in self.api.get("/api/providers").json()["providers"]:
+            self.api.delete("/api/providers", params={"name": provider["name"]})
+
+
+def start_server(tmp: Path, *, workers: int = 1, extra_env: dict[str, str] | None = None) -> tuple[Server, callable]:  # type: ignore[valid-type]
+    db_url, drop = _server_database()
+    env = {
+        **os.environ,
+        "OCX_DATA_DIR": str(tmp),
+        "OCX_ADMIN_TOKEN": ADMIN_TOKEN,
+        "OCX_CONFIG_POLL_MS": "100",
+        **(extra_env or {}),
+    }
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    if db_url:
+        env["DATABASE_URL"] = db_url
+    else:
+        env.pop("DATABASE_URL", None)
+    if workers == 1 and "REDIS_URL" not in (extra_env or {}):
+        env.pop("REDIS_URL", None)
+    proc, url = _start(
+        [sys.executable, "-m", "ocxsite.cli", "serve", "--port", "0", "--workers", str(workers)],
+        env,
+        "ocx listening on",
+        timeout=60,
+    )
+    server = Server(url, proc, tmp)
+    # Wait until a worker answers.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if server.http.get("/healthz").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError("server did not answer /healthz")
+        time.sleep(0.05)
+
+    def stop() -> None:
+        _stop(proc)
+        drop()
+
+    return server, stop
+
+
+@pytest.fixture(scope="module")
+def ocx_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server, stop = start_server(tmp_path_factory.mktemp("ocx"))
+    try:
+        yield server
+    finally:
+        stop()
+
+
+@pytest.fixture
+def server(ocx_server: Server) -> Server:
+    ocx_server.reset()
+    return ocx_server
+
+
+def sse_events(text: str) -> list[tuple[str | None, Any]]:
+    """Parse an SSE body into (event, data) pairs; data is JSON-decoded when possible."""
+    out: list[tuple[str | None, Any]] = []
+    for frame in text.replace("\r\n", "\n").split("\n\n"):
+        event = None
+        data_lines = []
+        for line in frame.split("\n"):
+            if line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith("data:"):
+                data_lines.append(line[5:].lstrip())
+        if not data_lines:
+            continue
+        data = "\n".join(data_lines)
+        try:
+            out.append((event, json.loads(data)))
+        except ValueError:
+            out.append((event, data))
+    return out
