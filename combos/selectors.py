@@ -56,7 +56,9 @@ def combo_queryset():  # type: ignore[no-untyped-def]
 
 
 def combo_list() -> list[ComboSpec]:
-    return [combo_spec(c) for c in combo_queryset()]
+    # Locale-aware order like the reference's localeCompare (§1.6), not the DB's byte order.
+    combos = sorted(combo_queryset(), key=lambda c: (c.combo_id.casefold(), c.combo_id))
+    return [combo_spec(c) for c in combos]
 
 
 def combo_get(combo_id: str) -> ComboSpec | None:

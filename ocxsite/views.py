@@ -35,5 +35,6 @@ def readyz(request: HttpRequest) -> JsonResponse:
             checks["redis"] = f"error: {type(exc).__name__}"
     ready = all(v == "ok" for v in checks.values())
     return JsonResponse(
-        {"status": "ok" if ready else "unavailable", **checks}, status=200 if ready else 503
+        {"status": "ok" if ready else "unavailable", **checks, "configVersion": version},
+        status=200 if ready else 503,
     )

@@ -211,7 +211,9 @@ def _translate_json(
         return anthropic.messages_response_to_responses(
             data, response_id="resp_" + rid, created_at=created, model=model
         )
-    return anthropic.messages_response_to_chat(data, chat_id="chatcmpl-" + rid, model=model)
+    return anthropic.messages_response_to_chat(
+        data, chat_id="chatcmpl-" + rid, created=created, model=model
+    )
 
 
 async def _read_bounded(resp: httpx.Response, limit: int, deadline_s: float) -> bytes:

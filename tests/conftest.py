@@ -25,7 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 
 
-def _start(cmd: list[str], env: dict[str, str], marker: str, timeout: float = 30) -> tuple[subprocess.Popen[str], str]:
+def _start(
+    cmd: list[str], env: dict[str, str], marker: str, timeout: float = 30
+) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -74,7 +76,9 @@ class Mock:
         self.url = url
         self.http = httpx.Client(base_url=url, timeout=10)
 
-    def script(self, model: str, steps: list[dict[str, Any]], then: dict[str, Any] | None = None) -> None:
+    def script(
+        self, model: str, steps: list[dict[str, Any]], then: dict[str, Any] | None = None
+    ) -> None:
         payload: dict[str, Any] = {"model": model, "steps": steps}
         if then is not None:
             payload["then"] = then
@@ -172,7 +176,9 @@ class Server:
             self.api.delete("/api/providers", params={"name": provider["name"]})
 
 
-def start_server(tmp: Path, *, workers: int = 1, extra_env: dict[str, str] | None = None) -> tuple[Server, callable]:  # type: ignore[valid-type]
+def start_server(
+    tmp: Path, *, workers: int = 1, extra_env: dict[str, str] | None = None
+) -> tuple[Server, callable]:  # type: ignore[valid-type]
     db_url, drop = _server_database()
     env = {
         **os.environ,

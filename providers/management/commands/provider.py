@@ -67,7 +67,8 @@ class Command(BaseCommand):
         providers = list(Provider.objects.all())
         if not providers:
             self.stdout.write(
-                "No providers configured. Add one with: ocx provider set NAME --adapter openai-responses --base-url URL --api-key-env VAR"
+                "No providers configured. Add one with: ocx provider set NAME "
+                "--adapter openai-responses --base-url URL --api-key-env VAR"
             )
         for p in providers:
             state = " (disabled)" if p.disabled else ""

@@ -1,0 +1,204 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.db import transaction
+from django.http import HttpRequest
+
+from combos.engine import validate
+from providers import services
+from providers.models import Provider, ProviderModel
+from providers.sealing import mask, seal
+
+
+def _csv(value: str) -> list[str] | None:
+    value = (value or "").strip()
+    if value == "":
+        return None
+    if value == "-":
+        return []
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+class ProviderForm(forms.ModelForm):  # type: ignore[type-arg]
+    api_key = forms.CharField(
+        label="API key",
+        required=False,
+        strip=True,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="Write-only. Leave empty to keep the stored key. Prefer an environment variable.",
+    )
+    clear_api_key = forms.BooleanField(label="Remove the stored API key", required=False)
+
+    class Meta:
+        model = Provider
+        fields = [
+            "name",
+            "adapter",
+            "base_url",
+            "api_key_env",
+            "headers",
+            "disabled",
+            "connect_ms",
+            "first_byte_ms",
+            "idle_ms",
+            "total_ms",
+        ]
+
+    def raw(self) -> dict[str, object]:
+        data = self.cleaned_data
+        raw: dict[str, object] = {
+            "adapter": data.get("adapter"),
+            "baseUrl": data.get("base_url"),
+            "headers": data.get("headers") or {},
+            "disabled": bool(data.get("disabled")),
+            "timeouts": {
+                "connectMs": data.get("connect_ms"),
+                "firstByteMs": data.get("first_byte_ms"),
+                "idleMs": data.get("idle_ms"),
+                "totalMs": data.get("total_ms"),
+            },
+        }
+        if data.get("api_key_env"):
+            raw["apiKeyEnv"] = data["api_key_env"]
+        return raw
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        name = cleaned.get("name")
+        if name and not self.errors:
+            from combos.models import Combo
+
+            issues = validate.validate_provider(
+                name, self.raw(), combo_ids=list(Combo.objects.values_list("combo_id", flat=True))
+            )
+            for issue in issues:
+                self.add_error(None, str(issue))
+        return cleaned
+
+
+class ProviderModelFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
+    def clean(self) -> None:
+        super().clean()
+        if any(self.errors):
+            return
+        models: dict[str, object] = {}
+        for form in self.forms:
+            data = getattr(form, "cleaned_data", None)
+            if not data or data.get("DELETE") or not data.get("model_id"):
+                continue
+            entry: dict[str, object] = {}
+            for field, key in (
+                ("context_window", "contextWindow"),
+                ("max_input_tokens", "maxInputTokens"),
+                ("parallel_tool_calls", "parallelToolCalls"),
+            ):
+                if data.get(field) is not None:
+                    entry[key] = data[field]
+            if data.get("display_name"):
+                entry["displayName"] = data["display_name"]
+            if data.get("input_modalities") is not None:
+                entry["inputModalities"] = data["input_modalities"]
+            if data.get("reasoning_efforts") is not None:
+                entry["reasoningEfforts"] = data["reasoning_efforts"]
+            if data["model_id"] in models:
+                raise forms.ValidationError(f"model {data['model_id']} is listed twice")
+            models[data["model_id"]] = entry
+        issues = validate.validate_provider(
+            self.instance.name or "provider",
+            {
+                "adapter": self.instance.adapter or "openai-responses",
+                "baseUrl": self.instance.base_url or "http://x",
+                "models": models,
+            },
+            combo_ids=[],
+        )
+        messages = [str(i) for i in issues if i.path[:1] == ("models",)]
+        if messages:
+            raise forms.ValidationError(messages)
+
+
+class ProviderModelForm(forms.ModelForm):  # type: ignore[type-arg]
+    input_modalities = forms.CharField(
+        required=False, help_text="text or text,image; empty = not declared"
+    )
+    reasoning_efforts = forms.CharField(
+        required=False, help_text="low,medium,high; empty = unknown; - = no effort control"
+    )
+
+    class Meta:
+        model = ProviderModel
+        fields = [
+            "model_id",
+            "display_name",
+            "context_window",
+            "max_input_tokens",
+            "input_modalities",
+            "reasoning_efforts",
+            "parallel_tool_calls",
+        ]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for field in ("input_modalities", "reasoning_efforts"):
+            value = getattr(self.instance, field, None)
+            if value is not None:
+                self.initial[field] = ",".join(value) if value else "-"
+
+    def clean_input_modalities(self) -> list[str] | None:
+        return _csv(self.cleaned_data.get("input_modalities", ""))
+
+    def clean_reasoning_efforts(self) -> list[str] | None:
+        return _csv(self.cleaned_data.get("reasoning_efforts", ""))
+
+
+class ProviderModelInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = ProviderModel
+    form = ProviderModelForm
+    formset = ProviderModelFormSet
+    extra = 0
+
+
+@admin.register(Provider)
+class ProviderAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    form = ProviderForm
+    inlines = [ProviderModelInline]
+    list_display = ("name", "adapter", "base_url", "credential", "disabled")
+    list_filter = ("adapter", "disabled")
+    search_fields = ("name", "base_url")
+    readonly_fields = ("stored_key",)
+    fieldsets = (
+        (None, {"fields": ("name", "adapter", "base_url", "disabled")}),
+        ("Credential", {"fields": ("api_key_env", "api_key", "stored_key", "clear_api_key")}),
+        ("Advanced", {"fields": ("headers", "connect_ms", "first_byte_ms", "idle_ms", "total_ms")}),
+    )
+
+    @admin.display(description="credential")
+    def credential(self, obj: Provider) -> str:
+        if obj.api_key_env:
+            return f"${obj.api_key_env}"
+        return obj.api_key_hint or ("stored" if obj.api_key_sealed else "—")
+
+    @admin.display(description="stored key")
+    def stored_key(self, obj: Provider) -> str:
+        return obj.api_key_hint or ("set" if obj.api_key_sealed else "none")
+
+    def save_model(self, request: HttpRequest, obj: Provider, form: Any, change: bool) -> None:
+        secret = form.cleaned_data.get("api_key")
+        if secret:
+            obj.api_key_sealed = seal(secret)
+            obj.api_key_hint = mask(secret)
+        elif form.cleaned_data.get("clear_api_key"):
+            obj.api_key_sealed = ""
+            obj.api_key_hint = ""
+        super().save_model(request, obj, form, change)
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        super().save_related(request, form, formsets, change)
+        with transaction.atomic():
+            services.config_bump()
+
+    def delete_model(self, request: HttpRequest, obj: Provider) -> None:
+        services.provider_delete(name=obj.name)

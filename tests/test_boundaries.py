@@ -1,0 +1,41 @@
+"""The pure routing core imports no framework (PRODUCT.md §1)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+PURE_MODULES = [
+    "combos.engine.types",
+    "combos.engine.validate",
+    "combos.engine.strategies",
+    "combos.engine.state",
+    "combos.engine.classify",
+    "combos.engine.cooldown",
+    "combos.engine.attempts",
+    "combos.engine.catalog",
+    "combos.engine.efforts",
+    "combos.cli_parse",
+    "providers.wire.sse",
+    "providers.wire.commit",
+    "providers.wire.chat",
+    "providers.wire.anthropic",
+    "providers.mock_upstream",
+    "quota.windows",
+]
+
+
+@pytest.mark.parametrize("module", PURE_MODULES)
+def test_pure_module_imports_no_framework(module: str) -> None:
+    code = (
+        f"import sys, {module}; "
+        "fw = ('django', 'ninja', 'channels', 'daphne', 'httpx'); "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in fw); "
+        "print(','.join(bad))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == ""
