@@ -11,6 +11,7 @@ from combos import selectors
 from combos.engine import validate
 from combos.engine.catalog import build_catalog, catalog_json
 from combos.models import Combo, ComboTarget
+from combos.state_reset import clear_on_commit
 from providers import services as provider_services
 
 
@@ -101,7 +102,7 @@ class ComboTargetFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
             require_enabled_target=True,
         )
         if issues:
-            raise forms.ValidationError([str(i) for i in issues])
+            raise forms.ValidationError([i.message for i in issues])
 
 
 class ComboTargetInline(admin.TabularInline):  # type: ignore[type-arg]
@@ -149,6 +150,10 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         ("Manual override", {"fields": ("override_target",)}),
     )
 
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        context = {**(extra_context or {}), "needs_attention": selectors.needs_attention()}
+        return super().changelist_view(request, extra_context=context)
+
     def get_queryset(self, request: HttpRequest) -> Any:
         return super().get_queryset(request).prefetch_related("targets__provider")
 
@@ -172,20 +177,30 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 ComboTarget.objects.filter(pk=target.pk).update(position=i)
         with transaction.atomic():
             provider_services.config_bump()
+        if not change or form.has_changed() or any(f.has_changed() for f in formsets):
+            # Reset the shared (Redis) routing state of the old and new id once.
+            clear_on_commit({form.initial.get("combo_id") or "", form.instance.combo_id})
 
     def delete_model(self, request: HttpRequest, obj: Combo) -> None:
+        combo_id = obj.combo_id
         super().delete_model(request, obj)
         provider_services.config_bump()
+        clear_on_commit([combo_id])
 
     def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        combo_ids = list(queryset.values_list("combo_id", flat=True))
         super().delete_queryset(request, queryset)
         provider_services.config_bump()
+        clear_on_commit(combo_ids)
 
     @admin.action(description="Set mode to automatic (clear the override)")
     def clear_override(self, request: HttpRequest, queryset: Any) -> None:
         with transaction.atomic():
-            count = queryset.exclude(override_target=None).update(override_target=None)
+            pinned = queryset.exclude(override_target=None)
+            combo_ids = list(pinned.values_list("combo_id", flat=True))
+            count = pinned.update(override_target=None)
             provider_services.config_bump()
+            clear_on_commit(combo_ids)
         self.message_user(request, f"{count} combo(s) set to automatic.", messages.SUCCESS)
 
     @admin.action(description="Export the Codex model catalog (JSON)")

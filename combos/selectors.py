@@ -143,3 +143,37 @@ def config_dump() -> dict[str, object]:
         "combos": combos,
         "disabledModels": disabled_models(),
     }
+
+
+def catalog_result():  # type: ignore[no-untyped-def]
+    """The Codex catalog for the stored configuration (combos omitted are listed too)."""
+    from combos.engine.catalog import build_catalog
+
+    return build_catalog(config_snapshot())
+
+
+def needs_attention() -> list[str]:
+    """What an operator should look at: omitted combos, missing credentials, disabled members."""
+    from combos.engine.catalog import OMISSION_DETAILS
+
+    snapshot = config_snapshot()
+    notes: list[str] = []
+    for combo_id, reason in catalog_result().omitted:
+        detail = OMISSION_DETAILS.get(reason, reason)
+        notes.append(f"combo/{combo_id} is omitted from the Codex catalog: {detail}")
+    for combo in snapshot.combos.values():
+        for target in combo.targets:
+            provider = snapshot.providers.get(target.provider)
+            if provider is None:
+                continue
+            if provider.disabled:
+                notes.append(f"combo/{combo.id}: provider {provider.name} is disabled")
+            elif provider.adapter != "chatgpt" and credential_for(provider) is None:
+                where = (
+                    f"environment variable {provider.api_key_env} is not set"
+                    if provider.api_key_env
+                    else "no API key is stored"
+                )
+                if provider.adapter != "openai-chat" or provider.api_key_env:
+                    notes.append(f"combo/{combo.id}: {target.key} has no credential ({where})")
+    return sorted(set(notes))

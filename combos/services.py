@@ -10,6 +10,7 @@ from combos import selectors
 from combos.engine import validate
 from combos.engine.types import ComboSpec
 from combos.models import Combo, ComboTarget
+from combos.state_reset import clear_on_commit
 from providers import services as provider_services
 from providers.errors import ConfigError
 from providers.models import ConfigState, Provider
@@ -101,8 +102,12 @@ def combo_set(*, combo_id: object, raw: object, rename_from: object = None) -> C
             )
         )
         spec = validate.normalize_combo(combo_id, merged)
+        before = None if source is None else selectors.combo_spec(source)
         _write_combo(spec, source)
         provider_services.config_bump()
+        if before != spec:
+            # Shared (Redis) routing state is reset once here, not by every worker.
+            clear_on_commit({source_id, combo_id})
     return spec
 
 
@@ -114,6 +119,7 @@ def combo_delete(*, combo_id: object) -> None:
         if not deleted:
             raise ConfigError("unknown combo", status=404)
         provider_services.config_bump()
+        clear_on_commit([combo_id])
 
 
 def combo_set_override(*, combo_id: str, target: str | None) -> ComboSpec:
@@ -144,6 +150,8 @@ def config_load(*, doc: object, replace: bool = False) -> dict[str, int]:
                 else doc.get("combos"),
                 "disabledModels": doc.get("disabledModels", current["disabledModels"]),
             }
+            # Keep unknown top-level keys so that validation reports them.
+            merged.update({k: v for k, v in doc.items() if k not in merged})
         else:
             merged = dict(doc)
         issues = validate.validate_config(merged)
@@ -153,6 +161,7 @@ def config_load(*, doc: object, replace: bool = False) -> dict[str, int]:
         combos_doc: Mapping[str, Mapping[str, object]] = merged.get("combos") or {}  # type: ignore[assignment]
         # Keep stored keys for providers the document names without an apiKey.
         stored = {p.name: p for p in Provider.objects.all()}
+        before = {c.id: c for c in selectors.combo_list()}
         ComboTarget.objects.all().delete()
         Combo.objects.all().delete()
         for name in set(stored) - set(providers_doc):
@@ -162,7 +171,11 @@ def config_load(*, doc: object, replace: bool = False) -> dict[str, int]:
         for combo_id, raw in combos_doc.items():
             _write_combo(validate.normalize_combo(combo_id, raw), None)
         state, _ = ConfigState.objects.select_for_update().get_or_create(pk=1)
-        state.disabled_models = list(merged.get("disabledModels") or [])  # type: ignore[call-overload]
+        # Stored as normalized (trimmed, deduplicated, sorted) so dump and runtime agree.
+        disabled = validate.normalize_config({"disabledModels": merged.get("disabledModels")})
+        state.disabled_models = sorted(disabled.disabled_models, key=lambda m: (m.casefold(), m))
         state.save(update_fields=["disabled_models", "updated"])
         provider_services.config_bump()
+        after = {c.id: c for c in selectors.combo_list()}
+        clear_on_commit(c for c in before.keys() | after.keys() if before.get(c) != after.get(c))
     return {"providers": len(providers_doc), "combos": len(combos_doc)}

@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import ValidationError as ModelValidationError
+from django.db import DataError
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -83,6 +85,29 @@ def on_too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
     return api.create_response(request, error_body("request body too large"), status=413)
 
 
+@api.exception_handler(ModelValidationError)
+def on_model_validation_error(request: HttpRequest, exc: ModelValidationError) -> HttpResponse:
+    # A value the validators let through but the model refuses (e.g. beyond a column's range).
+    if hasattr(exc, "error_dict"):
+        field, errors = next(iter(exc.message_dict.items()))
+        message = f"{field}: {errors[0]}"
+    else:
+        message = exc.messages[0] if exc.messages else "invalid input"
+    return api.create_response(request, error_body(message), status=400)
+
+
+@api.exception_handler(DataError)
+def on_data_error(request: HttpRequest, exc: DataError) -> HttpResponse:
+    # The database refused a value (too long, out of range, NUL in PostgreSQL text): bad input.
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid value"
+    return api.create_response(request, error_body(f"invalid value: {detail}"), status=400)
+
+
+def _reject_constant(name: str) -> object:
+    # NaN / Infinity / -Infinity are not JSON (the reference's JSON.parse rejects them).
+    raise ValueError(f"invalid JSON constant {name}")
+
+
 def json_body(request: HttpRequest) -> object:
     """The parsed JSON body, or a 400 with the reference's exact messages."""
     try:
@@ -90,7 +115,7 @@ def json_body(request: HttpRequest) -> object:
     except RequestDataTooBig:
         raise HttpError(413, "request body too large") from None
     try:
-        return json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError):
         raise HttpError(400, "invalid JSON body") from None
 
@@ -104,12 +129,14 @@ def object_body(request: HttpRequest) -> dict[str, object]:
 
 def _mount() -> None:
     from combos.api import router as combos_router
+    from combos.catalog_api import router as catalog_router
     from ocxsite.keys_api import router as keys_router
     from providers.api import router as providers_router
 
     api.add_router("/combos", combos_router)
     api.add_router("/providers", providers_router)
     api.add_router("/keys", keys_router)
+    api.add_router("/catalog", catalog_router)
 
 
 _mount()

@@ -8,6 +8,8 @@ from ocxsite import access
 from ocxsite.models import ClientKey
 
 router = Router(tags=["keys"])
+USER_MAX = 150  # django.contrib.auth's username length
+RPM_MAX = 2_147_483_647  # PositiveIntegerField on every supported database
 
 
 class KeyIn(Schema):
@@ -39,8 +41,14 @@ def list_keys(request: HttpRequest) -> dict[str, object]:
 def create_key(request: HttpRequest, payload: KeyIn) -> tuple[int, dict[str, object]]:
     if not payload.user.strip():
         raise HttpError(400, "user is required")
-    if payload.rpm_limit is not None and payload.rpm_limit < 1:
-        raise HttpError(400, "rpm_limit must be a positive integer")
+    if len(payload.user.strip()) > USER_MAX:
+        raise HttpError(400, f"user must be at most {USER_MAX} characters")
+    if payload.rpm_limit is not None and not 1 <= payload.rpm_limit <= RPM_MAX:
+        raise HttpError(400, f"rpm_limit must be an integer from 1 to {RPM_MAX}")
+    # PostgreSQL text cannot hold NUL (SQLite can): reject it the same way on both.
+    if any("\x00" in s for s in (payload.user, payload.name, *payload.allowed_models)):
+        raise HttpError(400, "user, name and allowed_models must not contain NUL characters")
+    # A model-level refusal (e.g. name longer than 64) is a 400 (ocxsite.api's handler).
     key, secret = access.client_key_create(
         username=payload.user.strip(),
         name=payload.name,

@@ -8,6 +8,7 @@ the committing target's answer. No ORM call happens here.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -20,14 +21,30 @@ from django.conf import settings
 from combos.engine.attempts import Outcome, RouteResult, route
 from combos.engine.catalog import models_list
 from combos.engine.classify import Failure, classify, redact
+from combos.engine.recall import lane_of, snapshot_liveness
+from combos.engine.shaping import (
+    ENCRYPTED_TASK_CODE,
+    ENCRYPTED_TASK_MESSAGE,
+    ENCRYPTED_TASK_STATUS,
+    child_body,
+    compat_hop,
+    encrypted_task_predicate,
+    encrypted_task_rejection,
+    has_encrypted_agent_task,
+    image_rejection,
+)
 from combos.engine.types import ComboSpec, ConfigSnapshot, TargetSpec
-from combos.engine.validate import resolve_model
+from combos.engine.validate import Resolution, resolve_model
 from combos.selectors import credential_for
+from ocxsite import metrics
 from ocxsite.access import CLIENT_PREFIX, KeyInfo, digest
+from ocxsite.requestlog import RequestEntry
 from ocxsite.runtime import Runtime, get_runtime
 from providers.upstream import Caller, attempt
+from quota.windows import credential_fingerprint, windows_from_error, windows_from_headers
 
 log = logging.getLogger("ocx.proxy")
+request_log = logging.getLogger("ocx.request")
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -53,6 +70,7 @@ class HTTPFailure(Exception):
     ) -> None:
         super().__init__(message)
         self.status = status
+        self.code = code
         self.body = error_payload(status, type_, code, message)
         self.headers = headers or []
 
@@ -71,6 +89,9 @@ class Exchange:
         self.status = 0
         self.combo: str | None = None
         self.attempts = 0
+        self.upstream_s = 0.0
+        self.entry = RequestEntry(request_id=request_id, at=time.time())
+        self._held: list[bytes] | None = None
 
     def base_headers(self) -> list[tuple[bytes, bytes]]:
         headers = [(b"x-ocx-request-id", self.request_id.encode())]
@@ -83,6 +104,10 @@ class Exchange:
     ) -> None:
         self.started = True
         self.status = status
+        # A body of known length (non-streaming) is held until `finish`, which runs after the
+        # attempt loop recorded the outcome: a client that sends its next request as soon as it
+        # has the whole answer must see this one's success (shared round-robin across workers).
+        self._held = [] if any(name == b"content-length" for name, _ in headers) else None
         route_headers = self.base_headers() + [
             (b"x-ocx-target", target.key.encode()),
             (b"x-ocx-attempts", str(self.attempts).encode()),
@@ -93,11 +118,16 @@ class Exchange:
 
     async def write(self, data: bytes) -> None:
         if data:
+            if self._held is not None:
+                self._held.append(data)
+                return
             await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
     async def finish(self) -> None:
         if self.started:
-            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+            body = b"".join(self._held or ())
+            self._held = None
+            await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def respond(
         self, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
@@ -133,16 +163,56 @@ class ProxyApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = uuid.uuid4().hex
         exchange = Exchange(send, request_id)
+        started = time.monotonic()
+        outcome = "ok"
         try:
             await self._handle(scope, receive, exchange)
         except HTTPFailure as exc:
+            outcome = exc.code or "error"
             if not exchange.started:
                 await exchange.respond(exc.status, exc.body, exc.headers)
         except ClientGone:
             exchange.status = 499
+            outcome = "client_cancelled"
         finally:
             if exchange.started:
-                await exchange.finish()
+                try:
+                    await exchange.finish()
+                except OSError:
+                    outcome = "client_cancelled"
+            if exchange.entry.requested_model:
+                self._log(exchange, outcome, time.monotonic() - started)
+
+    def _log(self, exchange: Exchange, outcome: str, elapsed: float) -> None:
+        entry = exchange.entry
+        entry.status = exchange.status
+        entry.duration_ms = int(elapsed * 1000)
+        if outcome == "ok" and any(
+            a.get("outcome") == "failed_after_commit" for a in entry.attempts
+        ):
+            outcome = "failed_after_commit"
+        entry.outcome = outcome
+        metrics.REQUESTS.labels(entry.combo, entry.target, str(entry.status)).inc()
+        metrics.PROXY_OVERHEAD.observe(max(0.0, elapsed - exchange.upstream_s))
+        runtime = self.runtime
+        if settings.OCX_REQUEST_LOG:
+            runtime.requestlog.submit(entry)
+        if settings.OCX_LOG_JSON:
+            request_log.info(
+                json.dumps(
+                    {
+                        "request_id": entry.request_id,
+                        "user": entry.user,
+                        "model": entry.requested_model,
+                        "combo": entry.combo,
+                        "target": entry.target,
+                        "status": entry.status,
+                        "outcome": entry.outcome,
+                        "attempts": len(entry.attempts),
+                        "ms": entry.duration_ms,
+                    }
+                )
+            )
 
     async def _handle(self, scope: Scope, receive: Receive, exchange: Exchange) -> None:
         path: str = scope["path"]
@@ -165,9 +235,13 @@ class ProxyApp:
             raise HTTPFailure(405, "invalid_request_error", "method_not_allowed", "Use POST")
         snapshot = await self.runtime.ready()
         key = self._authenticate(headers)
+        entry = exchange.entry
+        entry.key_prefix, entry.user = key.prefix, key.user
         body = await _read_body(receive, settings.OCX_PROXY_MAX_BODY)
         request = _parse_json(body)
         model = request.get("model")
+        entry.requested_model = model if isinstance(model, str) else "?"
+        entry.stream = request.get("stream") is True
         if not isinstance(model, str) or not model.strip():
             raise HTTPFailure(
                 400,
@@ -189,7 +263,7 @@ class ProxyApp:
         assert task is not None
         watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, task))
         try:
-            await self._route(snapshot, inbound, request, model, stream, headers, exchange)
+            await self._route(snapshot, inbound, request, model, stream, headers, exchange, key)
         except asyncio.CancelledError:
             if watcher.done() and not watcher.cancelled():
                 raise ClientGone() from None
@@ -222,27 +296,20 @@ class ProxyApp:
         stream: bool,
         headers: Mapping[str, str],
         exchange: Exchange,
+        key: KeyInfo,
     ) -> None:
-        resolution = resolve_model(model, snapshot)
-        caller = Caller(headers=_caller_headers(headers), request_id=exchange.request_id)
         runtime = self.runtime
-
-        async def dispatch(target: TargetSpec, _last: bool) -> Outcome:
-            exchange.attempts += 1
-            provider = snapshot.providers[target.provider]
-            credential = None if provider.adapter == "chatgpt" else credential_for(provider)
-            return await attempt(
-                client=runtime.client(provider),
-                provider=provider,
-                target=target,
-                credential=credential,
-                inbound=inbound,
-                body=request,
-                stream=stream,
-                caller=caller,
-                responder=exchange,
+        entry = exchange.entry
+        resolution = resolve_model(model, snapshot)
+        lane = lane_of(headers, request)
+        if resolution.kind == "unresolved" and lane is not None:
+            # Compaction recall (reference §7): a bare upstream model name this client's
+            # session got from a combo earlier routes through that combo again.
+            recalled = runtime.recall.recall(
+                str(key.id), lane, model, now=_now_ms(), live=snapshot_liveness(snapshot)
             )
-
+            if recalled is not None:
+                resolution = Resolution("combo", combo_id=recalled)
         if resolution.kind == "unknown_combo":
             raise HTTPFailure(
                 404,
@@ -253,40 +320,216 @@ class ProxyApp:
         if resolution.kind == "target":
             assert resolution.provider is not None and resolution.model is not None
             target = TargetSpec(resolution.provider, resolution.model)
-            why = _ineligible(snapshot, target, caller)
-            if why is not None:
-                raise HTTPFailure(503, "server_error", "provider_unavailable", why)
-            outcome = await dispatch(target, True)
-            if not outcome.committed and outcome.failure is not None:
-                _raise_upstream(outcome.failure)
-            return
-        if resolution.kind != "combo":
+            combo = ComboSpec(id="", targets=(target,))
+        elif resolution.kind == "combo":
+            assert resolution.combo_id is not None
+            combo = snapshot.combos[resolution.combo_id]
+            exchange.combo = entry.combo = combo.id
+        else:
             raise HTTPFailure(
                 404, "invalid_request_error", "model_not_found", f"Unknown model: {model}"
             )
-        assert resolution.combo_id is not None
-        combo = snapshot.combos[resolution.combo_id]
-        exchange.combo = combo.id
+        rejection = image_rejection(combo, request, inbound)
+        if rejection is not None:
+            raise HTTPFailure(400, "invalid_request_error", None, rejection)
+        encrypted = inbound == "responses" and has_encrypted_agent_task(request)
+        if encrypted and encrypted_task_rejection(combo, snapshot.providers, request) is not None:
+            raise HTTPFailure(
+                ENCRYPTED_TASK_STATUS,
+                "invalid_request_error",
+                ENCRYPTED_TASK_CODE,
+                ENCRYPTED_TASK_MESSAGE,
+            )
+        caller = Caller(headers=_caller_headers(headers), request_id=exchange.request_id)
+        pairs = {t.key: _credential_pair(snapshot, t, caller) for t in combo.targets}
+        gate = await runtime.tracker.gate(
+            (p for p in pairs.values() if p is not None), now=_now_ms(), shared=runtime.shared
+        )
+        encrypted_only = encrypted_task_predicate(snapshot.providers) if encrypted else None
+        compat: set[str] = set()
+        used: set[tuple[str, str]] = set()
 
         def predicate(target: TargetSpec) -> str | None:
-            return _ineligible(snapshot, target, caller)
+            return (
+                _ineligible(snapshot, target, caller)
+                or gate.reason(pairs.get(target.key))
+                or (encrypted_only(target) if encrypted_only is not None else None)
+            )
 
-        result = await route(
-            combo,
-            snapshot.providers,
-            runtime.store,
-            dispatch=dispatch,
-            now=_now_ms,
-            sleep=_sleep_ms,
-            rng=runtime.rng,
-            predicate=predicate,
-        )
-        _finish_route(combo, result, snapshot, caller)
+        async def dispatch(target: TargetSpec, _last: bool) -> Outcome:
+            exchange.attempts += 1
+            provider = snapshot.providers[target.provider]
+            credential = None if provider.adapter == "chatgpt" else credential_for(provider)
+            child = child_body(
+                request,
+                combo=combo,
+                provider=provider,
+                model=target.model,
+                protocol=inbound,
+                compat=frozenset(compat),
+            )
+            seen: dict[str, Any] = {}
+            started = time.monotonic()
+
+            def observe(status: int, upstream_headers: Mapping[str, str]) -> None:
+                seen["headers"] = upstream_headers
+                metrics.UPSTREAM_TTFB.labels(provider.name).observe(time.monotonic() - started)
+
+            try:
+                outcome = await attempt(
+                    client=runtime.client(provider),
+                    provider=provider,
+                    target=target,
+                    credential=credential,
+                    inbound=inbound,
+                    body=child,
+                    stream=stream,
+                    caller=caller,
+                    responder=exchange,
+                    observe=observe,
+                )
+            finally:
+                elapsed = time.monotonic() - started
+                exchange.upstream_s += elapsed
+                metrics.UPSTREAM_LATENCY.labels(provider.name).observe(elapsed)
+            pair = pairs.get(target.key)
+            if pair is not None:
+                used.add(pair)
+                await _ingest_quota(runtime, pair, seen.get("headers") or {}, outcome)
+            failure = outcome.failure
+            if failure is not None and not outcome.committed:
+                flag = compat_hop(failure, child, protocol=inbound)
+                if flag is not None:
+                    compat.add(flag)
+            return outcome
+
+        def on_cooldown(target_key: str, until: int, reason: str) -> None:
+            metrics.COOLDOWNS.labels(combo.id, target_key).inc()
+            runtime.emit(
+                {
+                    "kind": "cooldown",
+                    "combo": combo.id,
+                    "target": target_key,
+                    "until": until,
+                    "reason": reason,
+                }
+            )
+
+        try:
+            if not combo.id:
+                target = combo.targets[0]
+                why = predicate(target)
+                if why is not None:
+                    raise HTTPFailure(503, "server_error", "provider_unavailable", why)
+                outcome = await dispatch(target, True)
+                entry.attempts.append(
+                    {
+                        "target": target.key,
+                        "status": outcome.status
+                        if outcome.failure is None
+                        else outcome.failure.status,
+                        "outcome": "served" if outcome.committed else "failed",
+                    }
+                )
+                if outcome.committed:
+                    entry.target = target.key
+                    _note_usage(entry, outcome.usage)
+                if not outcome.committed and outcome.failure is not None:
+                    _raise_upstream(outcome.failure)
+                return
+            result = await route(
+                combo,
+                snapshot.providers,
+                runtime.store,
+                dispatch=dispatch,
+                now=_now_ms,
+                sleep=_sleep_ms,
+                rng=runtime.rng,
+                predicate=predicate,
+                quota_resets={k: gate.resets.get(p) for k, p in pairs.items() if p is not None},
+                on_cooldown=on_cooldown,
+            )
+        finally:
+            for pair in gate.probes - used:
+                await runtime.tracker.release(pair, now=_now_ms())
+        _record_route(entry, result)
+        for record in result.attempts:
+            if record.outcome == "hop":
+                metrics.HOPS.labels(combo.id, record.reason).inc()
+        if result.served is not None and not result.failed_after_commit and lane is not None:
+            runtime.recall.remember(
+                str(key.id),
+                lane,
+                result.served.model,
+                combo.id,
+                now=_now_ms(),
+                target=result.served.key,
+            )
+        _finish_route(combo, result)
 
 
-def _finish_route(
-    combo: ComboSpec, result: RouteResult, snapshot: ConfigSnapshot, caller: Caller
+async def _ingest_quota(
+    runtime: Runtime, pair: tuple[str, str], headers: Mapping[str, str], outcome: Outcome
 ) -> None:
+    now = _now_ms()
+    failure = outcome.failure
+    windows = windows_from_headers(headers, now=now) if headers else []
+    if failure is not None and not outcome.committed:
+        if failure.status is not None:
+            windows += windows_from_error(failure.status, failure.body, failure.headers, now=now)
+        await runtime.tracker.ingest(pair, windows, outcome="failure", now=now)
+    else:
+        await runtime.tracker.ingest(pair, windows, outcome="success", now=now)
+
+
+def _credential_pair(
+    snapshot: ConfigSnapshot, target: TargetSpec, caller: Caller
+) -> tuple[str, str] | None:
+    """(provider, credential fingerprint) whose quota applies to this request on `target`."""
+    provider = snapshot.providers.get(target.provider)
+    if provider is None:
+        return None
+    if provider.adapter == "chatgpt":
+        # Every ChatGPT account has its own windows: the caller's own token decides.
+        secret = caller.headers.get("authorization", "") + caller.headers.get(
+            "chatgpt-account-id", ""
+        )
+    else:
+        secret = credential_for(provider) or ""
+    return (provider.name, fingerprint(secret)) if secret else None
+
+
+@functools.lru_cache(maxsize=4096)
+def fingerprint(secret: str) -> str:
+    return credential_fingerprint(secret)
+
+
+def _note_usage(entry: RequestEntry, usage: Any) -> None:
+    if usage is not None:
+        entry.input_tokens = usage.input
+        entry.output_tokens = usage.output
+        entry.cached_tokens = usage.cached
+
+
+def _record_route(entry: RequestEntry, result: RouteResult) -> None:
+    entry.attempts = [
+        {
+            "target": r.target,
+            "status": r.status,
+            "outcome": r.outcome,
+            "reason": r.reason,
+            "cooledUntil": r.cooled_until,
+            "ms": r.ms,
+        }
+        for r in result.attempts
+    ]
+    entry.skipped = [[k, why] for k, why in result.skipped]
+    if result.served is not None:
+        entry.target = result.served.key
+        _note_usage(entry, result.usage)
+
+
+def _finish_route(combo: ComboSpec, result: RouteResult) -> None:
     if result.served is not None:
         return
     if result.unavailable:

@@ -3,6 +3,10 @@
 A background task polls the config version (and the key table) every OCX_CONFIG_POLL_MS,
 off the hot path; a change rebuilds the snapshot, clears the routing state of combos whose
 definition changed, and replaces the HTTP clients of providers whose definition changed.
+
+The state store is `RedisStateStore` when `REDIS_URL` is set (shared by every worker; the write
+path in `combos.services` / `combos.admin` resets changed combos' keys once, see
+`combos.state_reset`), else a per-process `MemoryStateStore` that this runtime clears itself.
 """
 
 from __future__ import annotations
@@ -14,14 +18,21 @@ from collections.abc import Mapping
 
 import httpx
 from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
 from django.conf import settings
 
 from combos import selectors
+from combos.engine.recall import RecallStore
 from combos.engine.state import MemoryStateStore, StateStore
 from combos.engine.types import ConfigSnapshot, ProviderSpec
-from ocxsite import access
+from ocxsite import access, metrics, requestlog
 from ocxsite.access import KeyInfo
+from ocxsite.background import BatchWriter
+from ocxsite.events import EVENTS_GROUP
 from providers.upstream import new_client
+from quota import services as quota_services
+from quota.tracker import JsonStore, MemoryJsonStore, QuotaTracker
+from quota.windows import Transition, Window, transition_message
 
 log = logging.getLogger("ocx.runtime")
 
@@ -41,6 +52,18 @@ class Runtime:
         self.store: StateStore = store or _default_store()
         self.clients: dict[str, httpx.AsyncClient] = {}
         self.rng = random.Random()
+        self.shared = bool(settings.OCX_REDIS_URL)
+        self.tracker = QuotaTracker(
+            _quota_store(), on_transition=self._on_transition, on_windows=self._on_windows
+        )
+        self.requestlog = requestlog.new_writer()
+        self.snapshots: BatchWriter[tuple[str, str, list[Window]]] = BatchWriter(
+            "quota snapshots", quota_services.snapshots_write, maxsize=2000, flush_s=2.0
+        )
+        self.transitions: BatchWriter[quota_services.TransitionEvent] = BatchWriter(
+            "quota transitions", quota_services.transitions_write, maxsize=1000
+        )
+        self.recall = RecallStore()
         self._started: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
@@ -61,8 +84,10 @@ class Runtime:
         self.keys = keys
         if old is not None:
             for combo_id, spec in old.combos.items():
-                if snapshot.combos.get(combo_id) != spec:
-                    self.store.clear(combo_id)
+                # A shared (Redis) store is reset once by the config write path instead.
+                changed = snapshot.combos.get(combo_id) != spec
+                if changed and isinstance(self.store, MemoryStateStore):
+                    self.store.forget(combo_id)
             for name, provider in old.providers.items():
                 if snapshot.providers.get(name) != provider and name in self.clients:
                     client = self.clients.pop(name)
@@ -93,8 +118,82 @@ class Runtime:
             client = self.clients[provider.name] = new_client(provider)
         return client
 
+    def _on_windows(self, pair: tuple[str, str], windows: list[Window]) -> None:
+        self.snapshots.submit((pair[0], pair[1], windows))
+
+    async def _on_transition(self, provider: str, credential: str, transition: Transition) -> None:
+        message = transition_text(self.snapshot, provider, transition)
+        # Provider ids and reasons only: the credential is a fingerprint, never the secret.
+        log.info(
+            "quota transition provider=%s credential=%s %s->%s reason=%s: %s",
+            provider,
+            credential,
+            transition.from_status,
+            transition.to_status,
+            transition.reason,
+            message,
+        )
+        metrics.QUOTA_STATE.labels(provider, credential).set(
+            1 if transition.to_status == "limited" else 0
+        )
+        self.transitions.submit(
+            quota_services.TransitionEvent(provider, credential, transition, message)
+        )
+        self.emit(
+            {
+                "kind": "quota",
+                "provider": provider,
+                "credential": credential,
+                "from": transition.from_status,
+                "to": transition.to_status,
+                "reason": transition.reason,
+                "at": transition.at_ms,
+                "message": message,
+            }
+        )
+
+    def emit(self, event: dict[str, object]) -> None:
+        """Push a routing event to `/ws/events` subscribers (fire and forget)."""
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        task = asyncio.get_running_loop().create_task(
+            layer.group_send(EVENTS_GROUP, {"type": "ocx.event", "event": event})
+        )
+        task.add_done_callback(_log_failure)
+
+
+def _log_failure(task: asyncio.Task[object]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("could not publish a routing event: %s", task.exception())
+
+
+def transition_text(snapshot: ConfigSnapshot | None, provider: str, transition: Transition) -> str:
+    """PRODUCT §8.6 wording, naming the fallback a combo led by `provider` switches to."""
+    fallback = None
+    if snapshot is not None:
+        for combo in snapshot.combos.values():
+            if combo.targets and combo.targets[0].provider == provider:
+                others = [t.provider for t in combo.targets if t.provider != provider]
+                if others:
+                    fallback = others[0]
+                    break
+    return transition_message(transition, primary=provider, fallback=fallback or "the next target")
+
+
+def _quota_store() -> JsonStore:
+    if settings.OCX_REDIS_URL:
+        from quota.redis_store import RedisJsonStore
+
+        return RedisJsonStore(settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX)
+    return MemoryJsonStore()
+
 
 def _default_store() -> StateStore:
+    if settings.OCX_REDIS_URL:
+        from ocxsite.redis_state import RedisStateStore
+
+        return RedisStateStore(settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX)
     return MemoryStateStore()
 
 

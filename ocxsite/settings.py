@@ -84,7 +84,13 @@ def _database(data_dir: Path) -> dict[str, object]:
     # Under ASGI connections are per thread; persistent ones would leak (Django docs).
     config["CONN_MAX_AGE"] = 0
     if scheme == "sqlite":
-        config["OPTIONS"] = {"timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"}
+        # IMMEDIATE: a write transaction takes the lock up front instead of failing with
+        # "database is locked" when the request-log writer and an API write overlap.
+        config["OPTIONS"] = {
+            "timeout": 20,
+            "init_command": "PRAGMA journal_mode=WAL;",
+            "transaction_mode": "IMMEDIATE",
+        }
     return config
 
 
@@ -108,6 +114,10 @@ OCX_CONFIG_POLL_MS = env_int("OCX_CONFIG_POLL_MS", 500, minimum=50)
 OCX_PROXY_MAX_BODY = env_int("OCX_PROXY_MAX_BODY", 32 * 1024 * 1024, minimum=1024)
 OCX_API_MAX_BODY = env_int("OCX_API_MAX_BODY", 1024 * 1024, minimum=1024)
 OCX_STATE_KEY_PREFIX = os.environ.get("OCX_STATE_KEY_PREFIX", "ocx")
+OCX_REQUEST_LOG = env_bool("OCX_REQUEST_LOG", True)
+OCX_REQUEST_LOG_QUEUE = env_int("OCX_REQUEST_LOG_QUEUE", 10000, minimum=1)
+OCX_REQUEST_LOG_RETENTION_DAYS = env_int("OCX_REQUEST_LOG_RETENTION_DAYS", 14, minimum=1)
+OCX_LOG_JSON = env_bool("OCX_LOG_JSON", False)
 
 INSTALLED_APPS = [
     "daphne",
@@ -126,6 +136,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -172,6 +183,11 @@ USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = OCX_DATA_DIR / "static"
+STATIC_ROOT.mkdir(exist_ok=True)
+# The admin's CSS/JS are served by WhiteNoise straight from the installed apps, so
+# `ocx serve` needs no collectstatic step and no separate web server.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
 
 LOGGING = {
     "version": 1,

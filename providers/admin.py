@@ -75,7 +75,7 @@ class ProviderForm(forms.ModelForm):  # type: ignore[type-arg]
                 name, self.raw(), combo_ids=list(Combo.objects.values_list("combo_id", flat=True))
             )
             for issue in issues:
-                self.add_error(None, str(issue))
+                self.add_error(None, issue.message)
         return cleaned
 
 
@@ -115,7 +115,7 @@ class ProviderModelFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
             },
             combo_ids=[],
         )
-        messages = [str(i) for i in issues if i.path[:1] == ("models",)]
+        messages = [i.message for i in issues if i.path[:1] == ("models",)]
         if messages:
             raise forms.ValidationError(messages)
 

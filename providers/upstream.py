@@ -24,12 +24,15 @@ from providers.wire import chat
 from providers.wire.commit import (
     CommitScanner,
     EndState,
+    EventClass,
     Phase,
     StreamFailure,
+    classify_payload,
     terminal_error_frame,
     truncation_failure,
 )
 from providers.wire.sse import SSEEvent
+from providers.wire.usage import Usage, extract_usage
 
 Protocol_ = Literal["responses", "chat", "anthropic"]
 UPSTREAM_PROTOCOL: Mapping[str, Protocol_] = {
@@ -309,14 +312,16 @@ async def _non_stream(
         return Outcome(False, Failure(transport="timeout_total", message="response too slow"))
     except httpx.HTTPError:
         return Outcome(False, Failure(transport="reset", message="connection reset"))
+    # A success body that is not JSON (truncated, an HTML page) is a failed attempt, never
+    # passed through as an answer; checked before commit so the combo can still hop.
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return Outcome(
+            False,
+            Failure(status=502, transport="malformed", message="upstream sent malformed JSON"),
+        )
     if inbound != upstream:
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            return Outcome(
-                False,
-                Failure(status=502, transport="malformed", message="upstream sent malformed JSON"),
-            )
         translated = _translate_json(
             inbound, upstream, data, target.model, caller.request_id.replace("-", "")
         )
@@ -327,7 +332,45 @@ async def _non_stream(
     ]
     await responder.commit(resp.status_code, headers, target)
     await responder.write(raw)
-    return Outcome(True, status=resp.status_code)
+    usage = extract_usage(data) if isinstance(data, Mapping) else None
+    return Outcome(True, status=resp.status_code, usage=usage)
+
+
+_COMMITTING = (EventClass.OUTPUT, EventClass.COMPLETED, EventClass.INCOMPLETE, EventClass.FINISH)
+
+
+def _malformed_at(events: tuple[SSEEvent, ...]) -> int | None:
+    """Index of the first frame whose data is not JSON (`[DONE]` aside), else None."""
+    for i, event in enumerate(events):
+        if event.has_data and not event.is_done:
+            try:
+                json.loads(event.data)
+            except ValueError:
+                return i
+    return None
+
+
+def _commits(upstream: Protocol_, events: tuple[SSEEvent, ...]) -> bool:
+    """Whether any of `events` is output or a terminal (the commit point of reference §4)."""
+    if upstream == "anthropic":
+        from providers.wire import anthropic
+
+        return any(anthropic.classify_anthropic_event(e) in ("output", "completed") for e in events)
+    return any(classify_payload(upstream, e) in _COMMITTING for e in events)
+
+
+def _scan_usage(events: tuple[SSEEvent, ...], usage: Usage | None) -> Usage | None:
+    # A cheap byte test first: only terminal/usage frames are decoded.
+    for event in events:
+        if b'"usage"' in event.raw:
+            try:
+                payload = event.json()
+            except ValueError:
+                continue
+            found = extract_usage(payload) if isinstance(payload, Mapping) else None
+            if found is not None:
+                usage = found if usage is None else usage.merge(found)
+    return usage
 
 
 async def _chunks(resp: httpx.Response, first_ms: int, idle_ms: int) -> AsyncIterator[bytes]:
@@ -359,12 +402,41 @@ async def _stream(
     pending: list[bytes] = [preamble] if preamble else []
     committed = False
     broken: StreamFailure | None = None
+    usage: Usage | None = None
     try:
         async for chunk in _chunks(resp, first_byte_ms, idle_ms):
             decision = scanner.feed(chunk)
             if decision.phase is Phase.FAILED:
                 assert decision.failure is not None
                 return Outcome(False, _failure_from_stream(decision.failure, "error"))
+            usage = _scan_usage(decision.events, usage)
+            bad = _malformed_at(decision.events)
+            if bad is not None:
+                # Malformed data: before output it is a failed attempt (hop); after commit the
+                # client gets what preceded it, then an explicit terminal error (PRODUCT §5.4).
+                good = decision.events[:bad]
+                if translator is None:
+                    cut = chunk.find(decision.events[bad].raw)
+                    data = chunk[:cut] if cut >= 0 else b"\n\n"
+                else:
+                    data = b"".join(translator.feed_event(e) for e in good)
+                if not committed:
+                    if not _commits(upstream, good):
+                        return Outcome(
+                            False,
+                            Failure(
+                                status=502,
+                                transport="malformed",
+                                message="upstream sent malformed stream data",
+                            ),
+                        )
+                    committed = True
+                    await responder.commit(200, list(SSE_HEADERS), target)
+                    data = b"".join(pending) + data
+                    pending = []
+                await responder.write(data)
+                broken = truncation_failure("sent malformed stream data")
+                break
             data = (
                 chunk
                 if translator is None
@@ -393,6 +465,7 @@ async def _stream(
             return Outcome(False, Failure(transport="reset", message=broken.message))
     if broken is None:
         decision = scanner.finish()
+        usage = _scan_usage(decision.events, usage)
         if not committed:
             if decision.phase is Phase.FAILED:
                 assert decision.failure is not None
@@ -415,13 +488,15 @@ async def _stream(
             sf = scanner.failure or truncation_failure("failed")
             if translator is not None:
                 await responder.write(translator.close())
-            return Outcome(True, _failure_from_stream(sf, "response.failed"), status=200)
+            return Outcome(
+                True, _failure_from_stream(sf, "response.failed"), status=200, usage=usage
+            )
     if broken is not None:
         if translator is not None:
             await responder.write(translator.fail(broken))
         else:
             await responder.write(terminal_error_frame(inbound, broken))  # type: ignore[arg-type]
-        return Outcome(True, _failure_from_stream(broken), status=200)
+        return Outcome(True, _failure_from_stream(broken), status=200, usage=usage)
     if translator is not None:
         await responder.write(translator.close())
-    return Outcome(True, status=200)
+    return Outcome(True, status=200, usage=usage)

@@ -25,6 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "browser: real-browser (Chromium) admin tests")
+
+
 def _start(
     cmd: list[str], env: dict[str, str], marker: str, timeout: float = 30
 ) -> tuple[subprocess.Popen[str], str]:
@@ -140,6 +144,7 @@ class Server:
         self.url = url
         self.proc = proc
         self.data_dir = data_dir
+        self.env: dict[str, str] = {}  # the environment `ocx serve` was started with
         self.api = httpx.Client(
             base_url=url, timeout=30, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
         )
@@ -162,6 +167,8 @@ class Server:
         """Wait until the worker serves the stored config version (PRODUCT §4.2)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            # Any /v1 request makes the worker load its snapshot (401 here is expected).
+            self.http.get("/v1/models")
             stored = self.http.get("/readyz").json().get("configVersion")
             served = self.http.get("/healthz").json().get("configVersion")
             if stored is not None and stored == served:
@@ -192,8 +199,10 @@ def start_server(
         env["DATABASE_URL"] = db_url
     else:
         env.pop("DATABASE_URL", None)
-    if workers == 1 and "REDIS_URL" not in (extra_env or {}):
-        env.pop("REDIS_URL", None)
+    # The server uses Redis whenever the test run has REDIS_URL (CI's second pass); each server
+    # gets its own state key prefix so servers sharing one Redis database never see each other.
+    if "OCX_STATE_KEY_PREFIX" not in (extra_env or {}):
+        env["OCX_STATE_KEY_PREFIX"] = f"ocx-test-{uuid.uuid4().hex[:10]}"
     proc, url = _start(
         [sys.executable, "-m", "ocxsite.cli", "serve", "--port", "0", "--workers", str(workers)],
         env,
@@ -201,6 +210,7 @@ def start_server(
         timeout=60,
     )
     server = Server(url, proc, tmp)
+    server.env = env
     # Wait until a worker answers.
     deadline = time.monotonic() + 30
     while True:

@@ -13,6 +13,7 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from combos.engine import state as st
 from combos.engine.classify import Decision, Failure, classify, overflow_allows
@@ -30,6 +31,8 @@ class Outcome:
     committed: bool
     failure: Failure | None = None
     status: int = 200
+    # Token usage the upstream reported (a `providers.wire.usage.Usage`), if any.
+    usage: Any = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class RouteResult:
     failure: Failure | None = None
     decision: Decision | None = None
     failed_after_commit: bool = False
+    usage: Any = None
 
 
 Dispatch = Callable[[TargetSpec, bool], Awaitable[Outcome]]
@@ -130,7 +134,7 @@ async def route(
         try:
             outcome = await dispatch(target, False)
         except asyncio.CancelledError:
-            store.update(combo.id, _aborted(combo, key, selection.probe))
+            await store.update(combo.id, _aborted(combo, key, selection.probe))
             result.attempts.append(
                 AttemptRecord(
                     key, 499, "client_cancelled", "client_cancelled", None, now() - started
@@ -139,9 +143,10 @@ async def route(
             raise
         elapsed = now() - started
         if outcome.committed and outcome.failure is None:
-            store.update(combo.id, _succeeded(combo, key))
+            await store.update(combo.id, _succeeded(combo, key))
             result.attempts.append(AttemptRecord(key, outcome.status, "served", "", None, elapsed))
             result.served = target
+            result.usage = outcome.usage
             return result
         failure = outcome.failure
         assert failure is not None
@@ -151,7 +156,7 @@ async def route(
         until = None if found is None else at + found.ms
         cooled = _cooled_keys(combo, target, decision) if until is not None else ()
 
-        store.update(combo.id, _failed(combo, (key, *cooled), until, at))
+        await store.update(combo.id, _failed(combo, (key, *cooled), until, at))
         if until is not None and on_cooldown is not None:
             for other in cooled:
                 on_cooldown(other, until, decision.reason)
@@ -162,6 +167,7 @@ async def route(
                 )
             )
             result.served = target
+            result.usage = outcome.usage
             result.failed_after_commit = True
             result.failure = failure
             return result

@@ -5,13 +5,13 @@ target cooldowns, half-open probe leases, smooth-WRR weights and stickiness, and
 counts. Transitions (`note_success`, `note_failure`, `note_abort`, `clear`) return new values and
 ignore target keys that the *current* combo no longer has, so late completions of requests that
 started before a reconfiguration cannot write state for removed targets. `StateStore` is the
-read-modify-write seam; `MemoryStateStore` is the in-process implementation.
+read-modify-write seam (async); `MemoryStateStore` is the in-process implementation and
+`ocxsite.redis_state.RedisStateStore` the shared one for many workers.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -214,35 +214,49 @@ def clear(state: ComboState | None = None) -> ComboState:
 
 
 class StateStore(Protocol):
-    """Per-combo state storage with atomic read-modify-write (memory now, Redis later)."""
+    """Per-combo state storage with atomic read-modify-write (`MemoryStateStore` in one process,
+    `ocxsite.redis_state.RedisStateStore` shared by every worker).
 
-    def get(self, combo_id: str) -> ComboState: ...
+    All methods are coroutines so an implementation may do network I/O without blocking the
+    event loop. `update(combo_id, fn)` applies the pure `fn(state) -> (new_state, result)`
+    atomically and returns `result`; `fn` may be called more than once (optimistic retries), so
+    it must not have side effects. Storing the empty `ComboState()` may drop the entry.
+    """
 
-    def update(self, combo_id: str, fn: Callable[[ComboState], tuple[ComboState, T]]) -> T: ...
+    async def get(self, combo_id: str) -> ComboState: ...
 
-    def clear(self, combo_id: str) -> None: ...
+    async def update(
+        self, combo_id: str, fn: Callable[[ComboState], tuple[ComboState, T]]
+    ) -> T: ...
+
+    async def clear(self, combo_id: str) -> None: ...
 
 
 class MemoryStateStore:
-    """Process-local `StateStore`; a lock makes `update` atomic across threads."""
+    """Process-local `StateStore` for a single worker.
+
+    No method awaits anything, so each read-modify-write runs to completion without yielding
+    to the event loop and is atomic for every task of that loop. It must only be used from one
+    event loop (the worker's); it is not shared across threads or processes.
+    """
 
     def __init__(self) -> None:
         self._states: dict[str, ComboState] = {}
-        self._lock = threading.Lock()
 
-    def get(self, combo_id: str) -> ComboState:
-        with self._lock:
-            return self._states.get(combo_id, ComboState())
+    async def get(self, combo_id: str) -> ComboState:
+        return self._states.get(combo_id, ComboState())
 
-    def update(self, combo_id: str, fn: Callable[[ComboState], tuple[ComboState, T]]) -> T:
-        with self._lock:
-            new, result = fn(self._states.get(combo_id, ComboState()))
-            if new == ComboState():
-                self._states.pop(combo_id, None)
-            else:
-                self._states[combo_id] = new
-            return result
-
-    def clear(self, combo_id: str) -> None:
-        with self._lock:
+    async def update(self, combo_id: str, fn: Callable[[ComboState], tuple[ComboState, T]]) -> T:
+        new, result = fn(self._states.get(combo_id, ComboState()))
+        if new == ComboState():
             self._states.pop(combo_id, None)
+        else:
+            self._states[combo_id] = new
+        return result
+
+    async def clear(self, combo_id: str) -> None:
+        self._states.pop(combo_id, None)
+
+    def forget(self, combo_id: str) -> None:
+        """Synchronous `clear`, for the runtime swapping in a new config snapshot."""
+        self._states.pop(combo_id, None)

@@ -432,7 +432,7 @@ async def select(
     waited = 0
     notes: list[str] = []
 
-    def run(spec: ComboSpec, at: int, budget_ms: int, decline: bool) -> Plan:
+    async def run(spec: ComboSpec, at: int, budget_ms: int, decline: bool) -> Plan:
         def step(state: ComboState) -> tuple[ComboState, Plan]:
             return plan(
                 spec,
@@ -449,7 +449,7 @@ async def select(
                 probe_lease_ms=probe_lease_ms,
             )
 
-        return store.update(spec.id, step)
+        return await store.update(spec.id, step)
 
     def done(result: Plan) -> Selection:
         return Selection(
@@ -463,13 +463,13 @@ async def select(
         )
 
     if after_failure:
-        hop = run(combo, now(), 0, True)
+        hop = await run(combo, now(), 0, True)
         if hop.target is not None:
             return done(hop)
     final = False
     while True:
         started = now()
-        result = run(combo, started, 0 if final else budget, False)
+        result = await run(combo, started, 0 if final else budget, False)
         if result.wait_ms <= 0:
             return done(result)
         if result.deferring:

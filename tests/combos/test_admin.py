@@ -80,7 +80,9 @@ def test_admin_creates_combo_with_ordered_targets_and_bumps_version(staff: Clien
 
 def test_admin_shows_validation_error_for_bad_weight_and_stores_nothing(staff: Client) -> None:
     p1, p2 = _providers()
-    response = staff.post("/admin/combos/combo/add/", _combo_post(p1, p2, **{"targets-1-weight": "0"}))
+    response = staff.post(
+        "/admin/combos/combo/add/", _combo_post(p1, p2, **{"targets-1-weight": "0"})
+    )
     assert response.status_code == 200
     assert "targets[1].weight must be an integer from 1 to 10000" in response.content.decode()
     assert not Combo.objects.exists()

@@ -73,7 +73,7 @@ def assert_rejected(api: Api, body: object, status: int, message: str, **kw: Any
     assert version() == v
 
 
-# --- §8.1 GET --------------------------------------------------------------------------------------
+# --- §8.1 GET ---
 
 
 def test_get_empty_list(api: Api) -> None:
@@ -196,7 +196,7 @@ def test_get_one_unknown(api: Api, cid: str) -> None:
     assert r.json() == {"error": "unknown combo"}
 
 
-# --- §8.2 PUT: create, replace -------------------------------------------------------------------
+# --- §8.2 PUT: create, replace ---
 
 
 def test_put_create_zeta_example(api: Api) -> None:
@@ -293,7 +293,7 @@ def test_put_override_must_name_a_target(api: Api) -> None:
     )
 
 
-# --- preserve on omit --------------------------------------------------------------------------
+# --- preserve on omit ---
 
 
 def test_put_preserves_omitted_fields(api: Api) -> None:
@@ -404,7 +404,7 @@ def test_put_force_mode_cleared_with_effort(api: Api) -> None:
     assert "defaultEffortMode" not in body["combo"]
 
 
-# --- rename ----------------------------------------------------------------------------------------
+# --- rename ---
 
 
 def test_put_rename(api: Api) -> None:
@@ -458,7 +458,11 @@ def test_put_rename_errors(api: Api, rename_from: object, message: str) -> None:
     api.put_ok("dst", {"targets": [{"provider": "b", "model": "m2"}]})
     assert_rejected(
         api,
-        {"id": "dst", "combo": {"targets": [{"provider": "a", "model": "m1"}]}, "renameFrom": rename_from},
+        {
+            "id": "dst",
+            "combo": {"targets": [{"provider": "a", "model": "m1"}]},
+            "renameFrom": rename_from,
+        },
         400,
         message,
     )
@@ -470,7 +474,7 @@ def test_put_rename_checks_come_before_combo_object_check(api: Api) -> None:
     )
 
 
-# --- 400s with exact messages, nothing changes ------------------------------------------------
+# --- 400s with exact messages, nothing changes ---
 
 
 @pytest.fixture
@@ -485,12 +489,16 @@ def test_invalid_json_body(seeded: Api) -> None:
     assert_rejected(seeded, None, 400, "invalid JSON body", raw=b"\xff\xfe{}")
 
 
-@pytest.mark.parametrize("raw", ["null", "[]", '[{"id": "x"}]', '"text"', "42", "1.5", "true", "false"])
+@pytest.mark.parametrize(
+    "raw", ["null", "[]", '[{"id": "x"}]', '"text"', "42", "1.5", "true", "false"]
+)
 def test_body_not_an_object(seeded: Api, raw: str) -> None:
     assert_rejected(seeded, None, 400, "request body must be an object", raw=raw)
 
 
-@pytest.mark.parametrize("body", [{}, {"id": ""}, {"id": "   "}, {"id": 5}, {"id": None}, {"combo": {}}])
+@pytest.mark.parametrize(
+    "body", [{}, {"id": ""}, {"id": "   "}, {"id": 5}, {"id": None}, {"combo": {}}]
+)
 def test_id_missing(seeded: Api, body: dict[str, object]) -> None:
     body.setdefault("combo", {"targets": [{"provider": "a", "model": "m1"}]})
     assert_rejected(seeded, body, 400, "id is required and must be a string")
@@ -542,7 +550,12 @@ T = [{"provider": "a", "model": "m1"}]
         ),
         (
             "new",
-            {"targets": [{"provider": "a", "model": "m1"}, {"provider": "b", "model": "m", "weight": 10001}]},
+            {
+                "targets": [
+                    {"provider": "a", "model": "m1"},
+                    {"provider": "b", "model": "m", "weight": 10001},
+                ]
+            },
             "targets[1].weight must be an integer from 1 to 10000",
         ),
         (
@@ -569,7 +582,11 @@ T = [{"provider": "a", "model": "m1"}]
         ("new", {"targets": T, "stickyLimit": 0}, "stickyLimit must be an integer from 1 to 100"),
         ("new", {"targets": T, "stickyLimit": 101}, "stickyLimit must be an integer from 1 to 100"),
         ("new", {"targets": T, "cooldownMs": 0}, "cooldownMs must be an integer from 1 to 600000"),
-        ("new", {"targets": T, "cooldownMs": "5000"}, "cooldownMs must be an integer from 1 to 600000"),
+        (
+            "new",
+            {"targets": T, "cooldownMs": "5000"},
+            "cooldownMs must be an integer from 1 to 600000",
+        ),
         (
             "new",
             {"targets": T, "waitForCooldownMs": -1},
@@ -599,15 +616,27 @@ T = [{"provider": "a", "model": "m1"}]
         ("new", {"targets": T, "alias": 5}, "alias must be a string"),
         ("new", {"targets": T, "alias": "a/b/c"}, validate.MSG_ALIAS_GRAMMAR),
         ("new", {"targets": T, "alias": "bad alias"}, validate.MSG_ALIAS_GRAMMAR),
-        ("new", {"targets": T, "alias": "combo/x"}, 'alias must not use the reserved "combo/" namespace'),
-        ("new", {"targets": T, "alias": "combo"}, 'alias must not use the reserved "combo/" namespace'),
+        (
+            "new",
+            {"targets": T, "alias": "combo/x"},
+            'alias must not use the reserved "combo/" namespace',
+        ),
+        (
+            "new",
+            {"targets": T, "alias": "combo"},
+            'alias must not use the reserved "combo/" namespace',
+        ),
         (
             "new",
             {"targets": T, "alias": "gpt-fast"},
             "bare aliases in the OpenAI native family require nativeAlias=true",
         ),
         ("new", {"targets": T, "alias": "taken"}, 'alias "taken" is already used by combo "base"'),
-        ("new", {"targets": T, "alias": " taken "}, 'alias "taken" is already used by combo "base"'),
+        (
+            "new",
+            {"targets": T, "alias": " taken "},
+            'alias "taken" is already used by combo "base"',
+        ),
         (
             "new",
             {"targets": T, "alias": "gpt-5.5", "nativeAlias": True},
@@ -628,13 +657,17 @@ T = [{"provider": "a", "model": "m1"}]
         ("new", {"targets": T, "override": "a/m1"}, validate.MSG_OVERRIDE),
     ],
 )
-def test_put_validation_error(seeded: Api, combo_id: str, combo: dict[str, object], message: str) -> None:
+def test_put_validation_error(
+    seeded: Api, combo_id: str, combo: dict[str, object], message: str
+) -> None:
     assert_rejected(seeded, {"id": combo_id, "combo": combo}, 400, message)
 
 
 def test_first_issue_only(seeded: Api) -> None:
     combo = {"targets": [{"provider": "nope", "model": "m1"}], "stickyLimit": 0, "alias": "taken"}
-    assert_rejected(seeded, {"id": "new", "combo": combo}, 400, 'targets[0].provider "nope" is not configured')
+    assert_rejected(
+        seeded, {"id": "new", "combo": combo}, 400, 'targets[0].provider "nope" is not configured'
+    )
 
 
 def test_all_providers_disabled(seeded: Api) -> None:
@@ -642,7 +675,10 @@ def test_all_providers_disabled(seeded: Api) -> None:
     provider("off2", disabled=True)
     combo = {"targets": [{"provider": "off1", "model": "m"}, {"provider": "off2", "model": "m"}]}
     assert_rejected(
-        seeded, {"id": "new", "combo": combo}, 400, "targets must include at least one enabled provider"
+        seeded,
+        {"id": "new", "combo": combo},
+        400,
+        "targets must include at least one enabled provider",
     )
     # One enabled provider is enough.
     combo["targets"].append({"provider": "a", "model": "m"})  # type: ignore[attr-defined]
@@ -659,7 +695,9 @@ def test_replace_with_invalid_keeps_stored(seeded: Api) -> None:
 
 
 def test_oversized_body(seeded: Api) -> None:
-    blob = json.dumps({"id": "big", "combo": {"targets": T, "displayName": "x" * (1024 * 1024 + 10)}})
+    blob = json.dumps(
+        {"id": "big", "combo": {"targets": T, "displayName": "x" * (1024 * 1024 + 10)}}
+    )
     before = selectors.config_dump()
     r = seeded.put(None, raw=blob)
     assert r.status_code == 413
@@ -672,13 +710,15 @@ def test_post_and_patch_not_allowed(seeded: Api, method: str) -> None:
     before = selectors.config_dump()
     v = version()
     body = json.dumps({"id": "viapost", "combo": {"targets": T}})
-    r = getattr(seeded.client, method)(URL, data=body, content_type="application/json", **seeded.auth)
+    r = getattr(seeded.client, method)(
+        URL, data=body, content_type="application/json", **seeded.auth
+    )
     assert r.status_code == 405
     assert selectors.config_dump() == before
     assert version() == v
 
 
-# --- §8.3 DELETE -----------------------------------------------------------------------------------
+# --- §8.3 DELETE ---
 
 
 @pytest.mark.parametrize("query", ["", "?id=", "?id=%20%20"])
@@ -712,7 +752,7 @@ def test_delete_success(seeded: Api) -> None:
     assert seeded.delete("?id=base").status_code == 404
 
 
-# --- auth ------------------------------------------------------------------------------------------
+# --- auth ---
 
 
 def test_no_token(settings: Any, client: Client) -> None:
@@ -723,7 +763,8 @@ def test_no_token(settings: Any, client: Client) -> None:
 
 
 @pytest.mark.parametrize(
-    "header", ["Bearer wrong-token-wrong-token", "Bearer ocxm_nope", "Basic " + TOKEN, "Bearer ", TOKEN]
+    "header",
+    ["Bearer wrong-token-wrong-token", "Bearer ocxm_nope", "Basic " + TOKEN, "Bearer ", TOKEN],
 )
 def test_wrong_token(settings: Any, client: Client, header: str) -> None:
     settings.OCX_ADMIN_TOKEN = TOKEN
@@ -811,3 +852,36 @@ def test_non_staff_session(client: Client) -> None:
     assert r.status_code == 403
     assert r.json() == {"error": "staff access required"}
     assert selectors.config_dump() == before
+
+
+# --- more edge cases ---
+
+
+def test_rename_same_id_checked_before_source_exists(api: Api) -> None:
+    body = {"id": "ghost", "combo": {"targets": T}, "renameFrom": " ghost "}
+    assert_rejected(api, body, 400, "renameFrom must differ from id")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"id": "x", "combo": NaN}',
+        '{"id": "x", "combo": {"targets": [{"provider": "a", "model": "m1"}], "stickyLimit": NaN}}',
+        '{"id": "x", "combo": {"targets": [{"provider": "a", "model": "m1", "weight": Infinity}]}}',
+        '{"id": "x", "combo": {"targets": [], "cooldownMs": -Infinity}}',
+    ],
+)
+def test_non_standard_json_constants_are_invalid_json(seeded: Api, raw: str) -> None:
+    # JSON has no NaN/Infinity literals (the reference's JSON.parse rejects them).
+    assert_rejected(seeded, None, 400, "invalid JSON body", raw=raw)
+
+
+def test_body_just_under_the_limit_is_validated_not_refused(seeded: Api) -> None:
+    blob = json.dumps({"id": "big", "combo": {"targets": T, "displayName": "x" * (900 * 1024)}})
+    assert_rejected(
+        seeded,
+        None,
+        400,
+        "displayName must be at most 128 characters and contain no control characters",
+        raw=blob,
+    )

@@ -65,7 +65,9 @@ def setup_combo(
     for name, models in by_provider.items():
         adapter = (adapters or {}).get(name, "openai-responses")
         api_key = PRIMARY_KEY if name == "p1" else BACKUP_KEY
-        server.put_provider(name, provider(mock.url + "/v1", *models, adapter=adapter, api_key=api_key))
+        server.put_provider(
+            name, provider(mock.url + "/v1", *models, adapter=adapter, api_key=api_key)
+        )
     combo_id = "c" + uuid.uuid4().hex[:8]
     server.put_combo(
         combo_id, {"targets": [{"provider": p, "model": m} for p, m in targets], **combo}
@@ -103,10 +105,22 @@ def completed_text(events: list[tuple[str | None, Any]]) -> str:
 # Hop on retryable statuses
 
 
+# The mock's default 404/408 bodies carry `type: invalid_request_error`, which the shared
+# classifier (reference §3.2.1 rule 16, §3.2 row 15) turns into a stop; give them the bodies a
+# plain "not found" / "timeout" upstream sends so that the status rule (§3.2 row 16) applies.
+BODIES = {
+    404: {"error": {"type": "not_found_error", "code": None, "message": "no route"}},
+    408: {"error": {"type": "timeout", "code": None, "message": "request timed out"}},
+}
+
+
 @pytest.mark.parametrize("status", [401, 403, 404, 408, 429, 500, 502, 503])
 @pytest.mark.parametrize("stream", [False, True])
 def test_hops_on_retryable_status(server: Server, mock: Mock, status: int, stream: bool) -> None:
-    mock.script("fa", [{"status": status}])
+    step: dict[str, Any] = {"status": status}
+    if status in BODIES:
+        step["body"] = BODIES[status]
+    mock.script("fa", [step])
     combo_id, headers = setup_combo(server, mock, [("p1", "fa"), ("p2", "fb")])
 
     r = ask(server, combo_id, headers, stream=stream)
@@ -135,7 +149,8 @@ def test_hops_on_connection_refused(server: Server, mock: Mock) -> None:
     server.put_provider("p2", provider(mock.url + "/v1", "rb", api_key=BACKUP_KEY))
     combo_id = "c" + uuid.uuid4().hex[:8]
     server.put_combo(
-        combo_id, {"targets": [{"provider": "dead", "model": "ra"}, {"provider": "p2", "model": "rb"}]}
+        combo_id,
+        {"targets": [{"provider": "dead", "model": "ra"}, {"provider": "p2", "model": "rb"}]},
     )
     sync(server)
     headers = {"Authorization": f"Bearer {key}"}
@@ -419,7 +434,11 @@ def test_missing_or_invalid_key_is_401(
     server: Server, mock: Mock, auth: dict[str, str], path: str
 ) -> None:
     combo_id, _ = setup_combo(server, mock, [("p1", "aa")])
-    body = {"model": f"combo/{combo_id}", "input": "hi", "messages": [{"role": "user", "content": "hi"}]}
+    body = {
+        "model": f"combo/{combo_id}",
+        "input": "hi",
+        "messages": [{"role": "user", "content": "hi"}],
+    }
     r = server.http.post(path, json=body, headers=auth)
     assert r.status_code == 401
     assert assert_error_shape(r)["type"] == "invalid_request_error"
@@ -429,8 +448,19 @@ def test_missing_or_invalid_key_is_401(
 def test_revoked_key_is_401(server: Server, mock: Mock) -> None:
     combo_id, headers = setup_combo(server, mock, [("p1", "rva")])
     assert ask(server, combo_id, headers).status_code == 200
-    keys = server.api.get("/api/keys").json()
-    assert keys, keys
+    secret = headers["Authorization"].split(" ", 1)[1]
+    (row,) = [
+        k for k in server.api.get("/api/keys").json()["keys"] if secret.startswith(k["prefix"])
+    ]
+    assert server.api.delete(f"/api/keys/{row['id']}").status_code == 200
+    deadline = time.monotonic() + 3
+    while ask(server, combo_id, headers).status_code != 401:  # the key cache refreshes by poll
+        assert time.monotonic() < deadline, "revoked key still accepted"
+        time.sleep(0.05)
+    before = mock.hits("rva")
+    r = ask(server, combo_id, headers)
+    assert r.status_code == 401
+    assert mock.hits("rva") == before
 
 
 def test_key_in_x_ocx_key_header(server: Server, mock: Mock) -> None:
@@ -532,9 +562,7 @@ def test_chat_client_stream(server: Server, mock: Mock, adapter: str) -> None:
 
 
 def test_responses_client_to_chat_target(server: Server, mock: Mock) -> None:
-    combo_id, headers = setup_combo(
-        server, mock, [("p1", "rtc")], adapters={"p1": "openai-chat"}
-    )
+    combo_id, headers = setup_combo(server, mock, [("p1", "rtc")], adapters={"p1": "openai-chat"})
     r = ask(server, combo_id, headers, stream=True)
     assert r.status_code == 200, r.text
     events = sse_events(r.text)

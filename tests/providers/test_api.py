@@ -235,6 +235,16 @@ def test_omitted_api_key_keeps_stored_key(api: Api) -> None:
         ("p", {**BASE, "headers": ["x"]}, "headers must be an object of string values"),
         ("p", {**BASE, "disabled": "yes"}, "disabled must be a boolean"),
         ("p", {**BASE, "extra": 1}, 'unknown field "extra"'),
+        (
+            "p",
+            {**BASE, "apiKey": "sk-test-abc\r\nX-Injected: 1"},
+            "apiKey must be a non-empty string without control characters",
+        ),
+        (
+            "p",
+            {**BASE, "apiKey": 123},
+            "apiKey must be a non-empty string without control characters",
+        ),
         ("-bad", BASE, validate.MSG_PROVIDER_NAME),
         ("p", None, "provider must be an object"),
         ("p", [BASE], "provider must be an object"),
@@ -296,7 +306,9 @@ def test_delete_guard_and_success(api: Api) -> None:
     api.put_ok("a", BASE)
     api.put_ok("b", BASE)
     api.put_combo("zz", {"targets": [{"provider": "a", "model": "m"}]})
-    api.put_combo("aa", {"targets": [{"provider": "b", "model": "m"}, {"provider": "a", "model": "n"}]})
+    api.put_combo(
+        "aa", {"targets": [{"provider": "b", "model": "m"}, {"provider": "a", "model": "n"}]}
+    )
     api.put_combo("mm", {"targets": [{"provider": "b", "model": "m"}]})
     before = selectors.config_dump()
     v = version()
@@ -323,3 +335,27 @@ def test_delete_errors(api: Api) -> None:
     r = api.delete("?name=ghost")
     assert r.status_code == 404
     assert r.json() == {"error": "unknown provider"}
+
+
+def test_disabling_a_used_provider_is_allowed(api: Api) -> None:
+    api.put_ok("a", BASE)
+    api.put_combo("c1", {"targets": [{"provider": "a", "model": "m"}]})
+    body = api.put_ok("a", {**BASE, "disabled": True})
+    assert body["provider"]["disabled"] is True
+    assert sorted(selectors.config_dump()["combos"]) == ["c1"]  # type: ignore[arg-type]
+    # ...but a new or replaced combo needs an enabled target.
+    r = api.client.put(
+        "/api/combos",
+        data=json.dumps({"id": "c1", "combo": {"targets": [{"provider": "a", "model": "n"}]}}),
+        content_type="application/json",
+        **api.auth,
+    )
+    assert r.status_code == 400
+    assert r.json() == {"error": "targets must include at least one enabled provider"}
+
+
+def test_error_bodies_never_echo_the_secret(api: Api) -> None:
+    r = api.put({"name": "p", "provider": {**BASE, "apiKey": SECRET, "adapter": "bad"}})
+    assert r.status_code == 400
+    assert SECRET not in r.content.decode()
+    assert not Provider.objects.exists()

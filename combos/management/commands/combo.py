@@ -9,9 +9,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from combos import selectors, services
-from combos.cli_parse import CliUsageError, parse_targets
+from combos.cli_parse import CliUsageError, build_set_request
 from combos.engine import validate
-from combos.engine.types import EFFORTS, STRATEGIES, ComboSpec
+from combos.engine.types import ComboSpec
 from providers.errors import ConfigError
 
 ALIASES = {"create": "set", "update": "set", "delete": "remove"}
@@ -26,7 +26,7 @@ def _set_parser() -> _Parser:
     p = _Parser(prog="ocx combo set", add_help=False)
     p.add_argument("id", nargs="?")
     p.add_argument("--targets")
-    p.add_argument("--strategy", default="failover")
+    p.add_argument("--strategy")
     p.add_argument("--sticky")
     p.add_argument("--effort")
     p.add_argument("--alias")
@@ -109,56 +109,35 @@ class Command(BaseCommand):
         ns, extra = _set_parser().parse_known_args(rest)
         if extra:
             raise CommandError(f"unexpected argument {extra[0]}")
-        if not ns.id:
-            raise CommandError("combo id is required")
-        if ns.targets is None:
-            raise CommandError("--targets is required")
-        targets = parse_targets(ns.targets)
-        if ns.strategy not in STRATEGIES:
-            raise CommandError(f"--strategy must be one of: {', '.join(STRATEGIES)}")
-        combo: dict[str, object] = {"targets": targets, "strategy": ns.strategy}
-        if ns.sticky is not None:
-            try:
-                sticky = int(ns.sticky)
-            except ValueError:
-                raise CommandError("--sticky must be an integer") from None
-            if sticky < 1:
-                raise CommandError("--sticky must be >= 1")
-            if sticky > 100:
-                raise CommandError("--sticky must be <= 100")
-            if ns.strategy == "round-robin":
-                combo["stickyLimit"] = sticky
-        if ns.effort is not None:
-            if ns.effort == "-":
-                combo["defaultEffort"] = None
-            elif ns.effort in EFFORTS:
-                combo["defaultEffort"] = ns.effort
-            else:
-                raise CommandError(f"--effort must be one of: {', '.join(EFFORTS)}, -")
-        if ns.alias is not None:
-            combo["alias"] = "" if ns.alias == "-" else ns.alias
-        if ns.display_name is not None:
-            combo["displayName"] = "" if ns.display_name == "-" else ns.display_name
-        if ns.native_alias:
-            combo["nativeAlias"] = True
-        current = selectors.combo_get(ns.rename_from or ns.id)
+        current = selectors.combo_get(ns.rename_from or ns.id) if ns.id else None
+        body = build_set_request(
+            ns.id,
+            targets=ns.targets,
+            strategy=ns.strategy,
+            sticky=ns.sticky,
+            effort=ns.effort,
+            alias=ns.alias,
+            native_alias=ns.native_alias,
+            display_name=ns.display_name,
+            rename_from=ns.rename_from,
+            current=None if current is None else validate.combo_to_api(current),
+        )
+        combo = body["combo"]
+        assert isinstance(combo, dict)
         if current is not None:
-            # The CLI has no flag for imageInput; keep "disabled" (reference §8.4).
-            if current.image_input == "disabled":
-                combo["imageInput"] = "disabled"
-            # Keep what the CLI has no flags for, unless a flag was given.
-            combo.setdefault("defaultEffort", current.default_effort)
-            if current.alias and "alias" not in combo:
-                combo["alias"] = current.alias
-            if current.display_name and "displayName" not in combo:
-                combo["displayName"] = current.display_name
-            if current.native_alias and "nativeAlias" not in combo:
-                combo["nativeAlias"] = True
-            if current.override and any(
-                f"{t['provider']}/{t['model']}" == current.override for t in targets
-            ):
-                combo["override"] = {"target": current.override}
-        spec = services.combo_set(combo_id=ns.id, raw=combo, rename_from=ns.rename_from)
+            # A flag left out keeps the stored value (`-` is how the CLI clears one).
+            kept = {
+                "defaultEffort": current.default_effort,
+                "alias": current.alias,
+                "displayName": current.display_name,
+                "nativeAlias": current.native_alias or None,
+            }
+            for field, value in kept.items():
+                if field not in combo and value is not None:
+                    combo[field] = value
+        spec = services.combo_set(
+            combo_id=body["id"], raw=combo, rename_from=body.get("renameFrom")
+        )
         if ns.json:
             self._print_json(
                 {

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import ast
+import asyncio
 import json
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import given
@@ -20,7 +23,23 @@ from combos.engine.state import (
 )
 from combos.engine.types import ComboSpec, TargetSpec
 
+R = TypeVar("R")
+
 A, B, C = "pa/ma", "pb/mb", "pc/mc"
+
+
+def sync(coro: Coroutine[Any, Any, R]) -> R:
+    """Drive a `MemoryStateStore` coroutine to completion without an event loop.
+
+    The memory store never awaits, so its coroutines finish on the first step; this also works
+    inside a running loop (e.g. in a fake clock's sleep hook) and asserts that property.
+    """
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coro.close()
+    raise AssertionError("a MemoryStateStore coroutine suspended")
 
 
 def combo(*keys: str, sticky: int = 1, cid: str = "main") -> ComboSpec:
@@ -227,20 +246,35 @@ def test_from_json_rejects_malformed(text: str) -> None:
 
 def test_memory_store_update_get_clear() -> None:
     store = MemoryStateStore()
-    assert store.get("x") == ComboState()
-    result = store.update("x", lambda s: (note_failure(s, ABC, A, 5_000, now=0), "done"))
+    assert sync(store.get("x")) == ComboState()
+    result = sync(store.update("x", lambda s: (note_failure(s, ABC, A, 5_000, now=0), "done")))
     assert result == "done"
-    assert store.get("x").cooldowns == {A: 5_000}
-    assert store.get("y") == ComboState()  # other combos unaffected
-    store.update("y", lambda s: (note_success(s, ABC, B), None))
-    store.clear("x")
-    assert store.get("x") == ComboState()
-    assert store.get("y").success_counts == {B: 1}
+    assert sync(store.get("x")).cooldowns == {A: 5_000}
+    assert sync(store.get("y")) == ComboState()  # other combos unaffected
+    sync(store.update("y", lambda s: (note_success(s, ABC, B), None)))
+    sync(store.clear("x"))
+    assert sync(store.get("x")) == ComboState()
+    assert sync(store.get("y")).success_counts == {B: 1}
 
 
 def test_memory_store_update_sees_previous_write() -> None:
     store = MemoryStateStore()
     for _ in range(3):
-        store.update("x", lambda s: (note_success(s, ABC, A), None))
-    seen = store.update("x", lambda s: (s, s.success_counts.get(A)))
+        sync(store.update("x", lambda s: (note_success(s, ABC, A), None)))
+    seen = sync(store.update("x", lambda s: (s, s.success_counts.get(A))))
     assert seen == 3
+
+
+def test_memory_store_concurrent_updates_are_atomic() -> None:
+    """Many tasks of one event loop updating the same combo lose no write (no await inside)."""
+    store = MemoryStateStore()
+
+    async def bump() -> None:
+        await asyncio.sleep(0)
+        await store.update("x", lambda s: (note_success(s, ABC, A), None))
+
+    async def run() -> int | None:
+        await asyncio.gather(*(bump() for _ in range(200)))
+        return (await store.get("x")).success_counts.get(A)
+
+    assert asyncio.run(run()) == 200

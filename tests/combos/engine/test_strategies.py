@@ -4,9 +4,10 @@ import ast
 import asyncio
 import random
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import given, settings
@@ -43,10 +44,26 @@ from combos.engine.strategies import (
 )
 from combos.engine.types import ComboSpec, ProviderSpec, TargetSpec
 
+R = TypeVar("R")
+
 PROVIDERS: dict[str, ProviderSpec] = {
     p: ProviderSpec(name=p, adapter="openai-chat", base_url="https://x.test/v1")
     for p in ("a", "b", "c", "d")
 }
+
+
+def sync(coro: Coroutine[Any, Any, R]) -> R:
+    """Drive a `MemoryStateStore` coroutine to completion without an event loop.
+
+    The memory store never awaits, so its coroutines finish on the first step; this also works
+    inside a running loop (e.g. in a fake clock's sleep hook) and asserts that property.
+    """
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coro.close()
+    raise AssertionError("a MemoryStateStore coroutine suspended")
 
 
 def t(provider: str, weight: int = 1, last_resort: bool = False) -> TargetSpec:
@@ -108,7 +125,11 @@ class Clock:
 
 
 def cool(store: MemoryStateStore, combo: ComboSpec, provider: str, until: int) -> None:
-    store.update(combo.id, lambda s: (note_failure(s, combo, key(provider), until, now=0), None))
+    sync(
+        store.update(
+            combo.id, lambda s: (note_failure(s, combo, key(provider), until, now=0), None)
+        )
+    )
 
 
 def run_select(
@@ -152,7 +173,7 @@ def serve(
             def ok(s: ComboState, k: str = succeeded) -> tuple[ComboState, None]:
                 return note_success(s, combo, k), None
 
-            store.update(combo.id, ok)
+            sync(store.update(combo.id, ok))
     return out
 
 
@@ -216,7 +237,7 @@ def test_round_robin_failure_releases_sticky_and_next_step_runs() -> None:
     clock = Clock()
     first = run_select(combo, store, clock)
     assert first.target == t("a")
-    store.update("main", lambda s: (note_failure(s, combo, key("a"), None, now=0), None))
+    sync(store.update("main", lambda s: (note_failure(s, combo, key("a"), None, now=0), None)))
     assert run_select(combo, store, clock).target == t("b")
 
 
@@ -232,9 +253,9 @@ def test_round_robin_abort_advances_nothing() -> None:
     store = MemoryStateStore()
     clock = Clock()
     assert run_select(combo, store, clock).target == t("a")
-    before = store.get("main")
-    store.update("main", lambda s: (note_abort(s, combo, key("a")), None))
-    assert store.get("main") == before
+    before = sync(store.get("main"))
+    sync(store.update("main", lambda s: (note_abort(s, combo, key("a")), None)))
+    assert sync(store.get("main")) == before
     assert run_select(combo, store, clock).target == t("a")  # still pinned, no success counted
 
 
@@ -246,10 +267,10 @@ def test_reconfiguration_late_notes() -> None:
     store = MemoryStateStore()
     clock = Clock()
     assert run_select(old, store, clock).target == t("a")
-    before = store.get("main")
-    store.update("main", lambda s: (note_success(s, new, key("b")), None))
-    assert store.get("main") == before
-    store.update("main", lambda s: (note_failure(s, new, key("a"), None, now=0), None))
+    before = sync(store.get("main"))
+    sync(store.update("main", lambda s: (note_success(s, new, key("b")), None)))
+    assert sync(store.get("main")) == before
+    sync(store.update("main", lambda s: (note_failure(s, new, key("a"), None, now=0), None)))
     assert run_select(new, store, clock).target == t("c")
 
 
@@ -273,8 +294,8 @@ def test_least_used_alternates_and_ignores_failures() -> None:
     combo = mk(t("a"), t("b"), strategy="least-used")
     assert names(serve(combo, 4)) == "ABAB"
     store = MemoryStateStore()
-    store.update("main", lambda s: (note_failure(s, combo, key("a"), None, now=0), None))
-    store.update("main", lambda s: (note_success(s, combo, key("b")), None))
+    sync(store.update("main", lambda s: (note_failure(s, combo, key("a"), None, now=0), None)))
+    sync(store.update("main", lambda s: (note_success(s, combo, key("b")), None)))
     assert run_select(combo, store, Clock()).target == t("a")
 
 
@@ -365,20 +386,22 @@ def test_half_open_single_probe_then_heal_or_recool() -> None:
     clock = Clock(10_000)
     first = run_select(combo, store, clock)
     assert first.target == t("a") and first.probe
-    assert store.get("main").probes == {"a/m": 10_000 + PROBE_LEASE_MS}
+    assert sync(store.get("main")).probes == {"a/m": 10_000 + PROBE_LEASE_MS}
     second = run_select(combo, store, clock)
     assert second.target == t("b") and not second.probe
     assert ("a/m", SKIP_PROBING) in second.skipped
     # probe succeeds: healthy, no lease, no further probing
     healed = MemoryStateStore()
-    healed.update("main", lambda s: (store.get("main"), None))
-    healed.update("main", lambda s: (note_success(s, combo, key("a")), None))
+    sync(healed.update("main", lambda s: (sync(store.get("main")), None)))
+    sync(healed.update("main", lambda s: (note_success(s, combo, key("a")), None)))
     third = run_select(combo, healed, clock)
     assert third.target == t("a") and not third.probe
     # probe fails: cooled again
-    store.update("main", lambda s: (note_failure(s, combo, key("a"), 70_000, now=10_000), None))
+    sync(
+        store.update("main", lambda s: (note_failure(s, combo, key("a"), 70_000, now=10_000), None))
+    )
     assert run_select(combo, store, clock).target == t("b")
-    assert store.get("main").probes == {}
+    assert sync(store.get("main")).probes == {}
 
 
 def test_lost_probe_lease_expires() -> None:
@@ -396,10 +419,10 @@ def test_aborted_probe_releases_lease() -> None:
     store = MemoryStateStore()
     cool(store, combo, "a", 10_000)
     assert run_select(combo, store, Clock(10_000)).probe
-    store.update("main", lambda s: (note_abort(s, combo, key("a"), probe=True), None))
+    sync(store.update("main", lambda s: (note_abort(s, combo, key("a"), probe=True), None)))
     again = run_select(combo, store, Clock(10_001))
     assert again.target == t("a") and again.probe
-    assert store.get("main").cooldowns == {"a/m": 10_000}  # abort set no cooldown, no success
+    assert sync(store.get("main")).cooldowns == {"a/m": 10_000}  # abort set no cooldown, no success
 
 
 # --- waiting for a cooldown (§2.8) ---------------------------------------------------------------
@@ -634,10 +657,12 @@ def test_deferral_never_waits_on_last_resort_cooldown() -> None:
 
 def recool_after_expiry(store: MemoryStateStore, combo: ComboSpec, clock: Clock) -> None:
     def hook(now: int) -> None:
-        if now >= 3_000 and store.get("main").cooling_until(key("a"), now) is None:
-            store.update(
-                "main",
-                lambda s: (note_failure(s, combo, key("a"), now + 600_000, now=now), None),
+        if now >= 3_000 and sync(store.get("main")).cooling_until(key("a"), now) is None:
+            sync(
+                store.update(
+                    "main",
+                    lambda s: (note_failure(s, combo, key("a"), now + 600_000, now=now), None),
+                )
             )
 
     clock.hooks.append(hook)

@@ -1,0 +1,82 @@
+"""Bounded background writers: the hot path enqueues, a task writes batches in a thread.
+
+`submit()` never waits; a full queue drops the item and counts it (PRODUCT §9.3), so a slow
+database can never delay a response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from asgiref.sync import sync_to_async
+
+log = logging.getLogger("ocx.background")
+
+T = TypeVar("T")
+
+
+class BatchWriter(Generic[T]):
+    def __init__(
+        self,
+        name: str,
+        write: Callable[[list[T]], None],
+        *,
+        maxsize: int,
+        batch: int = 200,
+        flush_s: float = 0.5,
+        on_drop: Callable[[], None] | None = None,
+    ) -> None:
+        self.name = name
+        self._write = write
+        self.queue: asyncio.Queue[T] = asyncio.Queue(maxsize)
+        self.batch = batch
+        self.flush_s = flush_s
+        self.on_drop = on_drop
+        self.dropped = 0
+        self.written = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def submit(self, item: T) -> bool:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        try:
+            self.queue.put_nowait(item)
+        except asyncio.QueueFull:
+            self.dropped += 1
+            if self.on_drop is not None:
+                self.on_drop()
+            return False
+        return True
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self.queue.get()]
+            deadline = time.monotonic() + self.flush_s
+            while len(batch) < self.batch:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self.queue.get(), remaining))
+                except TimeoutError:
+                    break
+            await self.flush(batch)
+
+    async def flush(self, batch: list[T]) -> None:
+        try:
+            await sync_to_async(self._write, thread_sensitive=False)(batch)
+            self.written += len(batch)
+        except Exception:  # noqa: BLE001 - a failed write must never take the proxy down
+            log.exception("%s: could not write %d item(s)", self.name, len(batch))
+
+    async def drain(self) -> None:
+        """Write everything queued now (tests and shutdown)."""
+        items: list[T] = []
+        while not self.queue.empty():
+            items.append(self.queue.get_nowait())
+        if items:
+            await self.flush(items)

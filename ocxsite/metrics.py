@@ -1,0 +1,65 @@
+"""Prometheus metrics (`/metrics`). With several workers, prometheus_client's multiprocess
+mode aggregates them (`ocx serve` sets PROMETHEUS_MULTIPROC_DIR)."""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+
+REQUESTS = Counter(
+    "ocx_requests_total",
+    "Proxy requests by combo, serving target and status",
+    ["combo", "target", "status"],
+)
+HOPS = Counter("ocx_hops_total", "Failovers to another target, by reason", ["combo", "reason"])
+COOLDOWNS = Counter("ocx_cooldowns_started_total", "Cooldowns set on a target", ["combo", "target"])
+UPSTREAM_LATENCY = Histogram(
+    "ocx_upstream_latency_seconds",
+    "Upstream attempt duration",
+    ["provider"],
+    buckets=LATENCY_BUCKETS,
+)
+UPSTREAM_TTFB = Histogram(
+    "ocx_upstream_ttfb_seconds",
+    "Upstream time to response headers",
+    ["provider"],
+    buckets=LATENCY_BUCKETS,
+)
+PROXY_OVERHEAD = Histogram(
+    "ocx_proxy_overhead_seconds",
+    "Time spent in ocx outside upstream attempts",
+    buckets=OVERHEAD_BUCKETS,
+)
+REQUEST_LOG_DROPPED = Counter(
+    "ocx_request_log_dropped_total", "Request log entries dropped because the queue was full"
+)
+COOLING = Gauge(
+    "ocx_cooldowns_active", "Targets cooling right now", ["combo"], multiprocess_mode="max"
+)
+QUOTA_STATE = Gauge(
+    "ocx_quota_limited",
+    "1 while a provider credential is limited by an exhausted quota window",
+    ["provider", "credential"],
+    multiprocess_mode="max",
+)
+
+
+def render() -> tuple[bytes, str]:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(), CONTENT_TYPE_LATEST

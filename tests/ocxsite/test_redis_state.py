@@ -1,0 +1,226 @@
+"""`RedisStateStore` against the real Redis of `REDIS_URL` (CI's second pass sets it)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import pytest
+
+from combos.engine.state import ComboState, note_failure, note_success
+from combos.engine.types import ComboSpec, TargetSpec
+
+REDIS_URL = os.environ.get("REDIS_URL")
+pytestmark = pytest.mark.skipif(
+    not REDIS_URL, reason="REDIS_URL is not set: the Redis state store needs a real Redis"
+)
+
+if REDIS_URL:  # redis is a runtime dependency, but keep collection cheap without a server
+    from ocxsite.redis_state import DEFAULT_TTL_S, RedisStateStore
+
+T = TypeVar("T")
+A, B = "pa/ma", "pb/mb"
+AB = ComboSpec(
+    id="main",
+    targets=(TargetSpec("pa", "ma"), TargetSpec("pb", "mb")),
+    strategy="round-robin",
+)
+
+
+def run(factory: Callable[[str], Awaitable[T]]) -> T:
+    """Run `factory(prefix)` in a fresh loop with a unique key prefix, then delete its keys."""
+
+    async def main() -> T:
+        prefix = f"ocx-unit-{uuid.uuid4().hex[:10]}"
+        try:
+            return await factory(prefix)
+        finally:
+            import redis.asyncio as aioredis
+
+            client = aioredis.Redis.from_url(REDIS_URL or "")
+            keys = [k async for k in client.scan_iter(match=f"{prefix}:*")]
+            if keys:
+                await client.delete(*keys)
+            await client.aclose()
+
+    return asyncio.run(main())
+
+
+def test_round_trip_get_update_clear() -> None:
+    async def body(prefix: str) -> None:
+        store = RedisStateStore(REDIS_URL or "", prefix)
+        try:
+            assert await store.get("main") == ComboState()
+            result = await store.update(
+                "main", lambda s: (note_failure(s, AB, A, 5_000, now=0), "done")
+            )
+            assert result == "done"
+            assert (await store.get("main")).cooldowns == {A: 5_000}
+            await store.update("main", lambda s: (note_success(s, AB, B), None))
+            state = await store.get("main")
+            assert state.cooldowns == {A: 5_000}
+            assert state.success_counts == {B: 1}
+            # A second client (another worker) reads the same state: no per-worker cache.
+            other = RedisStateStore(REDIS_URL or "", prefix)
+            assert await other.get("main") == state
+            assert await other.get("other") == ComboState()
+            await other.aclose()
+            await store.clear("main")
+            assert await store.get("main") == ComboState()
+            assert await store.ttl_ms_left("main") == -2  # the key is gone
+        finally:
+            await store.aclose()
+
+    run(body)
+
+
+def test_key_layout_and_json_value() -> None:
+    async def body(prefix: str) -> None:
+        import redis.asyncio as aioredis
+
+        store = RedisStateStore(REDIS_URL or "", prefix)
+        client = aioredis.Redis.from_url(REDIS_URL or "")
+        try:
+            await store.update("main", lambda s: (note_success(s, AB, A), None))
+            raw = await client.get(f"{prefix}:combo:main")
+            assert isinstance(raw, bytes)
+            assert ComboState.from_json(raw.decode()) == await store.get("main")
+            assert raw.decode() == (await store.get("main")).to_json()
+        finally:
+            await client.aclose()
+            await store.aclose()
+
+    run(body)
+
+
+def test_update_to_empty_state_deletes_the_key() -> None:
+    async def body(prefix: str) -> None:
+        store = RedisStateStore(REDIS_URL or "", prefix)
+        try:
+            await store.update("main", lambda s: (note_success(s, AB, A), None))
+            assert await store.ttl_ms_left("main") > 0
+            await store.update("main", lambda s: (ComboState(), None))
+            assert await store.ttl_ms_left("main") == -2
+        finally:
+            await store.aclose()
+
+    run(body)
+
+
+def test_ttl_is_set_and_refreshed_on_write() -> None:
+    async def body(prefix: str) -> None:
+        import redis.asyncio as aioredis
+
+        store = RedisStateStore(REDIS_URL or "", prefix)
+        client = aioredis.Redis.from_url(REDIS_URL or "")
+        try:
+            await store.update("main", lambda s: (note_success(s, AB, A), None))
+            ttl = await store.ttl_ms_left("main")
+            assert DEFAULT_TTL_S * 1000 - 60_000 < ttl <= DEFAULT_TTL_S * 1000
+            await client.pexpire(f"{prefix}:combo:main", 5_000)
+            assert await store.ttl_ms_left("main") <= 5_000
+            await store.update("main", lambda s: (note_success(s, AB, B), None))
+            assert await store.ttl_ms_left("main") > DEFAULT_TTL_S * 1000 - 60_000
+            short = RedisStateStore(REDIS_URL or "", prefix, ttl_s=7)
+            await short.update("main", lambda s: (note_success(s, AB, A), None))
+            assert 0 < await short.ttl_ms_left("main") <= 7_000
+            await short.aclose()
+        finally:
+            await client.aclose()
+            await store.aclose()
+
+    run(body)
+
+
+def test_concurrent_updates_from_two_clients_are_atomic() -> None:
+    """200 concurrent increments, split over two clients (two workers), give exactly 200."""
+
+    async def body(prefix: str) -> None:
+        first = RedisStateStore(REDIS_URL or "", prefix)
+        second = RedisStateStore(REDIS_URL or "", prefix)
+
+        def bump(s: ComboState) -> tuple[ComboState, int]:
+            new = note_success(s, AB, A)
+            return new, new.success_counts[A]
+
+        try:
+            results = await asyncio.gather(
+                *(
+                    first.update("main", bump) if i % 2 else second.update("main", bump)
+                    for i in range(200)
+                )
+            )
+            assert (await first.get("main")).success_counts == {A: 200}
+            # Every update saw a distinct predecessor: the results are exactly 1..200.
+            assert sorted(results) == list(range(1, 201))
+        finally:
+            await first.aclose()
+            await second.aclose()
+
+    run(body)
+
+
+def test_malformed_value_reads_as_empty_and_is_replaced() -> None:
+    async def body(prefix: str) -> None:
+        import redis.asyncio as aioredis
+
+        store = RedisStateStore(REDIS_URL or "", prefix)
+        client = aioredis.Redis.from_url(REDIS_URL or "")
+        try:
+            await client.set(f"{prefix}:combo:main", b"not json")
+            assert await store.get("main") == ComboState()
+            await store.update("main", lambda s: (note_success(s, AB, A), None))
+            assert (await store.get("main")).success_counts == {A: 1}
+        finally:
+            await client.aclose()
+            await store.aclose()
+
+    run(body)
+
+
+def test_combos_are_isolated_by_id_and_prefix() -> None:
+    async def body(prefix: str) -> None:
+        store = RedisStateStore(REDIS_URL or "", prefix)
+        other_prefix = RedisStateStore(REDIS_URL or "", prefix + "-other")
+        try:
+            await store.update("main", lambda s: (note_success(s, AB, A), None))
+            assert await store.get("second") == ComboState()
+            assert await other_prefix.get("main") == ComboState()
+        finally:
+            await store.aclose()
+            await other_prefix.aclose()
+
+    run(body)
+
+
+def test_combo_state_clear_deletes_only_the_named_combos(settings: object) -> None:
+    """The write path's one-shot reset (`combos.state_reset`) uses the same key layout."""
+    import redis
+
+    from combos.state_reset import combo_state_clear
+
+    prefix = f"ocx-unit-{uuid.uuid4().hex[:10]}"
+    settings.OCX_REDIS_URL = REDIS_URL  # type: ignore[attr-defined]
+    settings.OCX_STATE_KEY_PREFIX = prefix  # type: ignore[attr-defined]
+
+    async def write(combo_id: str) -> None:
+        store = RedisStateStore(REDIS_URL or "", prefix)
+        await store.update(combo_id, lambda s: (note_success(s, AB, A), None))
+        await store.aclose()
+
+    for combo_id in ("a", "b"):
+        asyncio.run(write(combo_id))
+    client = redis.Redis.from_url(REDIS_URL or "")
+    try:
+        combo_state_clear(["a", "missing"])
+        assert client.exists(f"{prefix}:combo:a") == 0
+        assert client.exists(f"{prefix}:combo:b") == 1
+        settings.OCX_REDIS_URL = None  # type: ignore[attr-defined]
+        combo_state_clear(["b"])  # without Redis: a no-op
+        assert client.exists(f"{prefix}:combo:b") == 1
+    finally:
+        client.delete(f"{prefix}:combo:b")
+        client.close()
