@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import datetime as dt
+import time
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import path
 
 from combos import selectors
 from combos.engine import validate
@@ -65,27 +69,7 @@ class ComboTargetFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
             )
         rows.sort(key=lambda r: r[0])
         combo: Combo = self.instance
-        raw: dict[str, object] = {
-            "targets": [r[1] for r in rows],
-            "strategy": combo.strategy,
-            "stickyLimit": combo.sticky_limit,
-            "waitForCooldownMs": combo.wait_for_cooldown_ms,
-            "defaultEffort": combo.default_effort or None,
-            "defaultEffortMode": combo.default_effort_mode,
-            "reasoningEffortMode": combo.reasoning_effort_mode,
-            "imageInput": combo.image_input,
-            "nativeAlias": combo.native_alias,
-        }
-        if combo.cooldown_ms is not None:
-            raw["cooldownMs"] = combo.cooldown_ms
-        if combo.cooldown_wait_policy:
-            raw["cooldownWaitPolicy"] = combo.cooldown_wait_policy
-        if combo.alias:
-            raw["alias"] = combo.alias
-        if combo.display_name:
-            raw["displayName"] = combo.display_name
-        if combo.override_target:
-            raw["override"] = {"target": combo.override_target}
+        raw = selectors.combo_raw(combo, [r[1] for r in rows])
         from providers.models import Provider
 
         issues = validate.validate_combo(
@@ -103,6 +87,49 @@ class ComboTargetFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
         )
         if issues:
             raise forms.ValidationError([i.message for i in issues])
+        blocked = _all_out_of_quota([r[1] for r in rows])
+        if blocked is not None:
+            raise forms.ValidationError(blocked)
+
+
+def _all_out_of_quota(targets: list[dict[str, Any]]) -> str | None:
+    """The reason to refuse a save when every usable target has a confirmed, current,
+    exhausted inference quota for its credential (reference §2.7); None otherwise."""
+    from ocxsite import live
+    from providers.models import Provider
+    from quota import windows as qw
+
+    now = int(time.time() * 1000)
+    records = live.quota_records()
+    providers = {
+        p.name: p for p in Provider.objects.filter(name__in=[t["provider"] for t in targets])
+    }
+    usable = []
+    for t in targets:
+        provider = providers.get(t["provider"])
+        if provider is None or provider.disabled:
+            continue
+        if provider.adapter == "chatgpt":
+            # Caller-forward credentials are per user: never "confirmed" for everyone.
+            return None
+        usable.append(t)
+    reasons = []
+    for t in usable:
+        limited = [
+            r
+            for (name, _), r in records.items()
+            if name == t["provider"]
+            and qw.eligibility(r.state, now=now) == "ineligible"
+            and any(qw.is_exhausted(w, now=now) for w in r.state.exhausted)
+        ]
+        if not limited:
+            return None
+        until = max(qw.recovery_at(r.state) or 0 for r in limited)
+        when = dt.datetime.fromtimestamp(until / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+        reasons.append(f"{t['provider']}/{t['model']} until {when}")
+    if not reasons:
+        return None
+    return "Every usable target is out of quota: " + "; ".join(reasons)
 
 
 class ComboTargetInline(admin.TabularInline):  # type: ignore[type-arg]
@@ -117,7 +144,8 @@ class ComboTargetInline(admin.TabularInline):  # type: ignore[type-arg]
 class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     form = ComboForm
     inlines = [ComboTargetInline]
-    list_display = ("combo_id", "public_id", "strategy", "target_list", "mode")
+    list_display = ("combo_id", "public_id", "strategy", "target_list", "mode", "live")
+    readonly_fields = ("live",)
     list_filter = ("strategy",)
     search_fields = ("combo_id", "alias", "display_name")
     actions = ["clear_override", "export_catalog"]
@@ -148,6 +176,7 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             },
         ),
         ("Manual override", {"fields": ("override_target",)}),
+        ("Live status", {"fields": ("live",)}),
     )
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
@@ -164,6 +193,23 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.display(description="targets")
     def target_list(self, obj: Combo) -> str:
         return ", ".join(f"{t.provider.name}/{t.model}" for t in obj.targets.all())
+
+    @admin.display(description="live status")
+    def live(self, obj: Combo) -> str:
+        if obj.pk is None:
+            return "—"
+        from ocxsite.status import live_badges
+
+        return live_badges(obj.combo_id)
+
+    def get_urls(self) -> list[Any]:
+        urls = super().get_urls()
+        view = self.admin_site.admin_view(self.events_view)
+        return [path("events/", view, name="combos_combo_events"), *urls]
+
+    def events_view(self, request: HttpRequest) -> HttpResponse:
+        context = {**self.admin_site.each_context(request), "title": "Routing events"}
+        return TemplateResponse(request, "admin/combos/combo/events.html", context)
 
     @admin.display(description="mode")
     def mode(self, obj: Combo) -> str:

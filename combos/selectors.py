@@ -13,10 +13,11 @@ from providers.models import ConfigState, Provider
 from providers.sealing import unseal
 
 
-def combo_raw(combo: Combo) -> dict[str, object]:
-    """The stored combo as a full camelCase dict (the input shape of the validator)."""
-    raw: dict[str, object] = {
-        "targets": [
+def combo_raw(combo: Combo, targets: list[dict[str, object]] | None = None) -> dict[str, object]:
+    """The combo as a full camelCase dict (the input shape of the validator). `targets`
+    replaces the stored ones (the admin validates the rows of a form before saving)."""
+    if targets is None:
+        targets = [
             {
                 "provider": t.provider.name,
                 "model": t.model,
@@ -24,11 +25,13 @@ def combo_raw(combo: Combo) -> dict[str, object]:
                 "lastResort": t.last_resort,
             }
             for t in combo.targets.all()
-        ],
+        ]
+    raw: dict[str, object] = {
+        "targets": targets,
         "strategy": combo.strategy,
         "stickyLimit": combo.sticky_limit,
         "waitForCooldownMs": combo.wait_for_cooldown_ms,
-        "defaultEffort": combo.default_effort,
+        "defaultEffort": combo.default_effort or None,
         "defaultEffortMode": combo.default_effort_mode,
         "reasoningEffortMode": combo.reasoning_effort_mode,
         "imageInput": combo.image_input,

@@ -13,6 +13,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
+from django.db.models import Count, Max
 from django.utils import timezone
 
 from ocxsite.models import ClientKey, ManagementToken
@@ -64,6 +65,14 @@ def client_key_revoke(*, key_id: int) -> bool:
     return bool(
         ClientKey.objects.filter(pk=key_id, revoked__isnull=True).update(revoked=timezone.now())
     )
+
+
+def client_keys_signature() -> tuple[object, ...]:
+    """Changes whenever the active key set or a key's limits change: one cheap query, so
+    workers reload the key map only when needed."""
+    active = ClientKey.objects.filter(revoked__isnull=True, user__is_active=True)
+    agg = active.aggregate(n=Count("id"), last_id=Max("id"), last_change=Max("updated"))
+    return (agg["n"], agg["last_id"], agg["last_change"])
 
 
 def client_keys_active() -> dict[str, KeyInfo]:

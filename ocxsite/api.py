@@ -131,12 +131,14 @@ def _mount() -> None:
     from combos.api import router as combos_router
     from combos.catalog_api import router as catalog_router
     from ocxsite.keys_api import router as keys_router
+    from ocxsite.ops_api import router as ops_router
     from providers.api import router as providers_router
 
     api.add_router("/combos", combos_router)
     api.add_router("/providers", providers_router)
     api.add_router("/keys", keys_router)
     api.add_router("/catalog", catalog_router)
+    api.add_router("", ops_router)
 
 
 _mount()

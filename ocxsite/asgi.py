@@ -14,6 +14,7 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_app = get_asgi_application()
 
+from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
@@ -33,6 +34,6 @@ async def http_router(scope, receive, send):  # type: ignore[no-untyped-def]
 application = ProtocolTypeRouter(
     {
         "http": http_router,
-        "websocket": URLRouter([path("ws/events", EventsConsumer.as_asgi())]),
+        "websocket": AuthMiddlewareStack(URLRouter([path("ws/events", EventsConsumer.as_asgi())])),
     }
 )

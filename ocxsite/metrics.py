@@ -45,7 +45,10 @@ REQUEST_LOG_DROPPED = Counter(
     "ocx_request_log_dropped_total", "Request log entries dropped because the queue was full"
 )
 COOLING = Gauge(
-    "ocx_cooldowns_active", "Targets cooling right now", ["combo"], multiprocess_mode="max"
+    "ocx_cooldowns_active",
+    "Targets cooling right now (set at scrape time)",
+    ["combo"],
+    multiprocess_mode="mostrecent",
 )
 QUOTA_STATE = Gauge(
     "ocx_quota_limited",

@@ -14,6 +14,7 @@ class ClientKey(models.Model):
     allowed_models = models.JSONField(default=list, blank=True)
     rpm_limit = models.PositiveIntegerField(null=True, blank=True)
     created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
     revoked = models.DateTimeField(null=True, blank=True)
 
     class Meta:

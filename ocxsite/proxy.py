@@ -237,6 +237,16 @@ class ProxyApp:
         key = self._authenticate(headers)
         entry = exchange.entry
         entry.key_prefix, entry.user = key.prefix, key.user
+        if key.rpm_limit is not None:
+            wait = await self.runtime.limiter.hit(key.id, key.rpm_limit, _now_ms())
+            if wait is not None:
+                raise HTTPFailure(
+                    429,
+                    "rate_limit_error",
+                    "client_rate_limited",
+                    f"This key is limited to {key.rpm_limit} requests per minute",
+                    [(b"retry-after", str(wait).encode())],
+                )
         body = await _read_body(receive, settings.OCX_PROXY_MAX_BODY)
         request = _parse_json(body)
         model = request.get("model")
@@ -350,9 +360,11 @@ class ProxyApp:
         used: set[tuple[str, str]] = set()
 
         def predicate(target: TargetSpec) -> str | None:
+            # A manual pin is independent of the automatic quota state (PRODUCT §8.5).
+            pinned = combo.override == target.key
             return (
                 _ineligible(snapshot, target, caller)
-                or gate.reason(pairs.get(target.key))
+                or (None if pinned else gate.reason(pairs.get(target.key)))
                 or (encrypted_only(target) if encrypted_only is not None else None)
             )
 
@@ -477,6 +489,8 @@ async def _ingest_quota(
     if failure is not None and not outcome.committed:
         if failure.status is not None:
             windows += windows_from_error(failure.status, failure.body, failure.headers, now=now)
+            # The error's headers are usually the ones observed above: count each window once.
+            windows = list(dict.fromkeys(windows))
         await runtime.tracker.ingest(pair, windows, outcome="failure", now=now)
     else:
         await runtime.tracker.ingest(pair, windows, outcome="success", now=now)
@@ -535,7 +549,9 @@ def _finish_route(combo: ComboSpec, result: RouteResult) -> None:
     if result.unavailable:
         missing = [why for _, why in result.skipped if why.startswith("credential")]
         message = f"No available targets for combo: {combo.id}"
-        if missing and len(missing) == len(result.skipped):
+        # Name what is missing when nothing else (only quota) stood in the way (PRODUCT §8.3).
+        quota = [why for _, why in result.skipped if why.startswith("quota_")]
+        if missing and len(missing) + len(quota) == len(result.skipped):
             message += " (" + "; ".join(sorted(set(missing))) + ")"
         extra = (
             [] if result.retry_after is None else [(b"retry-after", result.retry_after.encode())]

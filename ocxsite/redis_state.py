@@ -15,39 +15,19 @@ are serialised by an `asyncio.Lock`, so retries only happen between workers. Wri
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import TypeVar
 
-import redis.asyncio as aioredis
-
 from combos.engine.state import ComboState
+from quota.redis_store import ConflictError, RedisCas
 
 log = logging.getLogger("ocx.state")
 
 T = TypeVar("T")
 
 DEFAULT_TTL_S = 24 * 3600
-MAX_ATTEMPTS = 100
-
-# KEYS[1]: the combo key. ARGV[1]: the value read ("" = absent), ARGV[2]: the new value
-# ("" = delete), ARGV[3]: TTL in milliseconds. Returns 1 when written, 0 on a conflict.
-_CAS = """
-local current = redis.call('GET', KEYS[1])
-if current == false then current = '' end
-if current ~= ARGV[1] then return 0 end
-if ARGV[2] == '' then
-  redis.call('DEL', KEYS[1])
-else
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-end
-return 1
-"""
-
-
-class StateConflictError(RuntimeError):
-    """The compare-and-set kept losing to other writers (should never happen in practice)."""
+StateConflictError = ConflictError
 
 
 def _decode(combo_id: str, raw: bytes | str | None) -> ComboState:
@@ -73,14 +53,8 @@ class RedisStateStore:
     ) -> None:
         self.prefix = prefix
         self.ttl_ms = ttl_s * 1000
-        self._redis = aioredis.Redis.from_url(
-            url,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=socket_timeout,
-            health_check_interval=30,
-        )
-        self._cas = self._redis.register_script(_CAS)
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._cas = RedisCas(url, socket_timeout=socket_timeout)
+        self._redis = self._cas.redis
 
     def key(self, combo_id: str) -> str:
         return f"{self.prefix}:combo:{combo_id}"
@@ -89,24 +63,14 @@ class RedisStateStore:
         return _decode(combo_id, await self._redis.get(self.key(combo_id)))
 
     async def update(self, combo_id: str, fn: Callable[[ComboState], tuple[ComboState, T]]) -> T:
-        key = self.key(combo_id)
-        lock = self._locks.get(combo_id)
-        if lock is None:
-            lock = self._locks[combo_id] = asyncio.Lock()
-        async with lock:
-            for _ in range(MAX_ATTEMPTS):
-                raw: bytes | str | None = await self._redis.get(key)
-                state = _decode(combo_id, raw)
-                new, result = fn(state)
-                if new == state and raw is not None:
-                    return result  # nothing to write; the read was a consistent snapshot
-                value = "" if new == ComboState() else new.to_json()
-                if value == "" and raw is None:
-                    return result
-                written = await self._cas(keys=[key], args=[raw or b"", value, self.ttl_ms])
-                if written:
-                    return result
-        raise StateConflictError(f"routing state of combo {combo_id} is too contended")
+        def step(raw: bytes | None) -> tuple[str | None, T]:
+            state = _decode(combo_id, raw)
+            new, result = fn(state)
+            if new == state and raw is not None:
+                return raw.decode(), result  # nothing to write
+            return (None if new == ComboState() else new.to_json()), result
+
+        return await self._cas.update(self.key(combo_id), step, ttl_ms=self.ttl_ms)
 
     async def clear(self, combo_id: str) -> None:
         await self._redis.delete(self.key(combo_id))

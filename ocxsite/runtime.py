@@ -29,7 +29,8 @@ from ocxsite import access, metrics, requestlog
 from ocxsite.access import KeyInfo
 from ocxsite.background import BatchWriter
 from ocxsite.events import EVENTS_GROUP
-from providers.upstream import new_client
+from ocxsite.ratelimit import MemoryLimiter, RedisLimiter
+from providers.upstream import ClientPool
 from quota import services as quota_services
 from quota.tracker import JsonStore, MemoryJsonStore, QuotaTracker
 from quota.windows import Transition, Window, transition_message
@@ -41,8 +42,12 @@ def _load() -> tuple[ConfigSnapshot, dict[str, KeyInfo]]:
     return selectors.config_snapshot(), access.client_keys_active()
 
 
-def _poll() -> tuple[int, dict[str, KeyInfo]]:
-    return selectors.config_version(), access.client_keys_active()
+def _poll(
+    known: tuple[object, ...] | None,
+) -> tuple[int, tuple[object, ...], dict[str, KeyInfo] | None]:
+    signature = access.client_keys_signature()
+    keys = None if signature == known else access.client_keys_active()
+    return selectors.config_version(), signature, keys
 
 
 class Runtime:
@@ -50,7 +55,7 @@ class Runtime:
         self.snapshot: ConfigSnapshot | None = None
         self.keys: Mapping[str, KeyInfo] = {}
         self.store: StateStore = store or _default_store()
-        self.clients: dict[str, httpx.AsyncClient] = {}
+        self.clients: dict[str, ClientPool] = {}
         self.rng = random.Random()
         self.shared = bool(settings.OCX_REDIS_URL)
         self.tracker = QuotaTracker(
@@ -64,6 +69,11 @@ class Runtime:
             "quota transitions", quota_services.transitions_write, maxsize=1000
         )
         self.recall = RecallStore()
+        self.limiter: MemoryLimiter | RedisLimiter = (
+            RedisLimiter(settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX)
+            if settings.OCX_REDIS_URL
+            else MemoryLimiter()
+        )
         self._started: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
@@ -96,15 +106,18 @@ class Runtime:
 
     async def _poll_forever(self) -> None:
         interval = settings.OCX_CONFIG_POLL_MS / 1000
+        signature: tuple[object, ...] | None = None
         while True:
             await asyncio.sleep(interval)
             try:
-                version, keys = await sync_to_async(_poll, thread_sensitive=False)()
+                version, signature, keys = await sync_to_async(_poll, thread_sensitive=False)(
+                    signature
+                )
                 if self.snapshot is None or version != self.snapshot.version:
                     snap, keys = await sync_to_async(_load, thread_sensitive=False)()
                     self.apply(snap, keys)
                     log.info("config version %s loaded", snap.version)
-                else:
+                elif keys is not None:
                     self.keys = keys
             except Exception:  # noqa: BLE001 - a failed poll keeps the last good snapshot
                 log.exception(
@@ -113,10 +126,10 @@ class Runtime:
                 )
 
     def client(self, provider: ProviderSpec) -> httpx.AsyncClient:
-        client = self.clients.get(provider.name)
-        if client is None:
-            client = self.clients[provider.name] = new_client(provider)
-        return client
+        pool = self.clients.get(provider.name)
+        if pool is None:
+            pool = self.clients[provider.name] = ClientPool(provider)
+        return pool.get()
 
     def _on_windows(self, pair: tuple[str, str], windows: list[Window]) -> None:
         self.snapshots.submit((pair[0], pair[1], windows))

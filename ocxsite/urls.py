@@ -14,4 +14,5 @@ urlpatterns = [
     path("api/", api.urls),
     path("healthz", views.healthz),
     path("readyz", views.readyz),
+    path("metrics", views.metrics_view),
 ]

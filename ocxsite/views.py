@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import connection
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from combos import selectors
 
@@ -38,3 +38,32 @@ def readyz(request: HttpRequest) -> JsonResponse:
         {"status": "ok" if ready else "unavailable", **checks, "configVersion": version},
         status=200 if ready else 503,
     )
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """Prometheus text format. Open like /healthz: it carries counts, never secrets."""
+    from ocxsite import metrics
+
+    _observe_cooldowns()
+    body, content_type = metrics.render()
+    return HttpResponse(body, content_type=content_type)
+
+
+def _observe_cooldowns() -> None:
+    """`ocx_cooldowns_active`: targets of each combo cooling right now, read at scrape time
+    from the live routing state (Redis when shared, else this process's store)."""
+    import logging
+    import time
+
+    from ocxsite import live, metrics
+    from ocxsite.runtime import get_runtime
+
+    try:
+        snapshot = get_runtime().snapshot or selectors.config_snapshot()
+        now = int(time.time() * 1000)
+        for combo in snapshot.combos.values():
+            state = live.combo_state(combo.id)
+            active = sum(1 for t in combo.targets if state.cooling_until(t.key, now) is not None)
+            metrics.COOLING.labels(combo.id).set(active)
+    except Exception:  # noqa: BLE001 - a scrape must still answer with the other metrics
+        logging.getLogger("ocx.metrics").warning("could not read cooldowns", exc_info=True)

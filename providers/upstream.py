@@ -87,6 +87,13 @@ class MissingCredential(Exception):
     pass
 
 
+# httpcore scans every pooled connection on each request (PERFORMANCE-NOTES item 3), so a
+# provider gets several small pools used in turn instead of one large one.
+POOL_PARTS = 4
+POOL_CONNECTIONS = 64
+POOL_KEEPALIVE = 16
+
+
 def new_client(provider: ProviderSpec) -> httpx.AsyncClient:
     t = provider.timeouts
     return httpx.AsyncClient(
@@ -96,10 +103,31 @@ def new_client(provider: ProviderSpec) -> httpx.AsyncClient:
             write=t.total_ms / 1000,
             pool=t.connect_ms / 1000,
         ),
-        limits=httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=30),
+        limits=httpx.Limits(
+            max_connections=POOL_CONNECTIONS,
+            max_keepalive_connections=POOL_KEEPALIVE,
+            keepalive_expiry=30,
+        ),
         follow_redirects=False,
         trust_env=False,
     )
+
+
+class ClientPool:
+    """The HTTP clients of one provider in this process, handed out in turn."""
+
+    def __init__(self, provider: ProviderSpec, parts: int = POOL_PARTS) -> None:
+        self.clients = [new_client(provider) for _ in range(parts)]
+        self._next = 0
+
+    def get(self) -> httpx.AsyncClient:
+        client = self.clients[self._next]
+        self._next = (self._next + 1) % len(self.clients)
+        return client
+
+    async def aclose(self) -> None:
+        for client in self.clients:
+            await client.aclose()
 
 
 def upstream_headers(
@@ -164,14 +192,20 @@ class _Translator(Protocol):
 
 
 def _stream_translator(
-    inbound: Literal["responses", "chat"], upstream: Protocol_, model: str, request_id: str
+    inbound: Literal["responses", "chat"],
+    upstream: Protocol_,
+    model: str,
+    request_id: str,
+    custom_tools: frozenset[str] = frozenset(),
 ) -> tuple[_Translator | None, bytes]:
     created = int(time.time())
     rid = "resp_" + request_id.replace("-", "")
     if inbound == upstream:
         return None, b""
     if inbound == "responses" and upstream == "chat":
-        t = chat.ChatToResponsesStream(response_id=rid, model=model, created_at=created)
+        t = chat.ChatToResponsesStream(
+            response_id=rid, model=model, created_at=created, custom_tools=custom_tools
+        )
         return t, t.start()
     if inbound == "chat" and upstream == "responses":
         return chat.ResponsesToChatStream(
@@ -180,7 +214,9 @@ def _stream_translator(
     from providers.wire import anthropic
 
     if inbound == "responses":
-        a = anthropic.MessagesToResponsesStream(response_id=rid, model=model, created_at=created)
+        a = anthropic.MessagesToResponsesStream(
+            response_id=rid, model=model, created_at=created, custom_tools=custom_tools
+        )
         return a, a.start()
     m = anthropic.MessagesToChatStream(
         chat_id="chatcmpl-" + request_id.replace("-", ""), model=model, created=created
@@ -197,14 +233,23 @@ def _scanner(upstream: Protocol_) -> CommitScanner:
 
 
 def _translate_json(
-    inbound: Literal["responses", "chat"], upstream: Protocol_, data: Any, model: str, rid: str
+    inbound: Literal["responses", "chat"],
+    upstream: Protocol_,
+    data: Any,
+    model: str,
+    rid: str,
+    custom_tools: frozenset[str] = frozenset(),
 ) -> Any:
     if inbound == upstream:
         return None
     created = int(time.time())
     if inbound == "responses" and upstream == "chat":
         return chat.chat_response_to_responses(
-            data, response_id="resp_" + rid, created_at=created, model=model
+            data,
+            response_id="resp_" + rid,
+            created_at=created,
+            model=model,
+            custom_tools=custom_tools,
         )
     if inbound == "chat" and upstream == "responses":
         return chat.responses_response_to_chat(data, chat_id="chatcmpl-" + rid, model=model)
@@ -212,7 +257,11 @@ def _translate_json(
 
     if inbound == "responses":
         return anthropic.messages_response_to_responses(
-            data, response_id="resp_" + rid, created_at=created, model=model
+            data,
+            response_id="resp_" + rid,
+            created_at=created,
+            model=model,
+            custom_tools=custom_tools,
         )
     return anthropic.messages_response_to_chat(
         data, chat_id="chatcmpl-" + rid, created=created, model=model
@@ -280,10 +329,15 @@ async def attempt(
 
                 raw = _anthropic_error_bytes(anthropic, resp.status_code, raw)
             return Outcome(False, failure_from_response(resp.status_code, resp_headers, raw))
+        # Freeform (`custom`) tools are sent as functions; their calls go back as
+        # `custom_tool_call` items (codex-wire §3.3).
+        custom = chat.custom_tool_names(body) if inbound == "responses" else frozenset()
         if not stream:
-            return await _non_stream(resp, inbound, upstream, target, responder, caller, t.total_ms)
+            return await _non_stream(
+                resp, inbound, upstream, target, responder, caller, t.total_ms, custom
+            )
         return await _stream(
-            resp, inbound, upstream, target, responder, caller, t.first_byte_ms, t.idle_ms
+            resp, inbound, upstream, target, responder, caller, t.first_byte_ms, t.idle_ms, custom
         )
     finally:
         await resp.aclose()
@@ -305,6 +359,7 @@ async def _non_stream(
     responder: Responder,
     caller: Caller,
     total_ms: int,
+    custom_tools: frozenset[str] = frozenset(),
 ) -> Outcome:
     try:
         raw = await _read_bounded(resp, MAX_BODY, total_ms / 1000)
@@ -323,7 +378,12 @@ async def _non_stream(
         )
     if inbound != upstream:
         translated = _translate_json(
-            inbound, upstream, data, target.model, caller.request_id.replace("-", "")
+            inbound,
+            upstream,
+            data,
+            target.model,
+            caller.request_id.replace("-", ""),
+            custom_tools,
         )
         raw = json.dumps(translated, separators=(",", ":"), ensure_ascii=False).encode()
     headers = [
@@ -396,9 +456,12 @@ async def _stream(
     caller: Caller,
     first_byte_ms: int,
     idle_ms: int,
+    custom_tools: frozenset[str] = frozenset(),
 ) -> Outcome:
     scanner = _scanner(upstream)
-    translator, preamble = _stream_translator(inbound, upstream, target.model, caller.request_id)
+    translator, preamble = _stream_translator(
+        inbound, upstream, target.model, caller.request_id, custom_tools
+    )
     pending: list[bytes] = [preamble] if preamble else []
     committed = False
     broken: StreamFailure | None = None

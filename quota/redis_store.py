@@ -1,13 +1,11 @@
-"""`RedisJsonStore`: the quota `JsonStore` on Redis, shared by every worker and host.
-
-Same optimistic compare-and-set as the routing state store (`ocxsite.redis_state`): read the
-value, apply the pure transition, write only if the key still holds what was read.
-"""
+"""Shared state on Redis: the compare-and-set primitive (`RedisCas`) behind both the routing
+state store (`ocxsite.redis_state`) and the quota `JsonStore` (`RedisJsonStore`)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -31,12 +29,50 @@ return 1
 """
 
 
+class RedisCas:
+    """Optimistic read-modify-write of string values: GET, apply a pure function, then a Lua
+    compare-and-set writes only if the key still holds what was read; retry otherwise.
+    Within one process, updates of the same key wait for each other, so retries only
+    happen between workers."""
+
+    def __init__(self, url: str, *, socket_timeout: float = 5.0) -> None:
+        self.redis = aioredis.Redis.from_url(
+            url,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_timeout,
+            health_check_interval=30,
+        )
+        self._cas = self.redis.register_script(_CAS)
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def update(
+        self, key: str, fn: Callable[[bytes | None], tuple[str | None, T]], *, ttl_ms: int
+    ) -> T:
+        """`fn(current raw value or None) -> (new value, None to delete, result)`; returning
+        the unchanged value (or None for an absent key) writes nothing."""
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            for _ in range(MAX_ATTEMPTS):
+                value = await self.redis.get(key)
+                raw = value.encode() if isinstance(value, str) else value
+                new, result = fn(raw)
+                current = None if raw is None else raw.decode()
+                if new == current:
+                    return result
+                if await self._cas(keys=[key], args=[raw or b"", new or "", ttl_ms]):
+                    return result
+        raise ConflictError(f"{key} is too contended")
+
+
+class ConflictError(RuntimeError):
+    """The compare-and-set kept losing to other writers (should never happen in practice)."""
+
+
 class RedisJsonStore:
     def __init__(self, url: str, prefix: str = "ocx") -> None:
         self.prefix = prefix
-        self._redis = aioredis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
-        self._cas = self._redis.register_script(_CAS)
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._cas = RedisCas(url)
+        self._redis = self._cas.redis
 
     def _k(self, key: str) -> str:
         return f"{self.prefix}:{key}"
@@ -58,19 +94,14 @@ class RedisJsonStore:
         return [self._decode(r) for r in raws]
 
     async def update(self, key: str, fn: Update[T]) -> T:
-        full = self._k(key)
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        async with lock:
-            for _ in range(MAX_ATTEMPTS):
-                raw = await self._redis.get(full)
-                current = self._decode(raw)
-                new, result = fn(current)
-                if new == current:
-                    return result
-                value = "" if new is None else json.dumps(new, separators=(",", ":"))
-                if await self._cas(keys=[full], args=[raw or b"", value, TTL_MS]):
-                    return result
-        raise RuntimeError(f"quota state {key} is too contended")
+        def step(raw: bytes | None) -> tuple[str | None, T]:
+            current = self._decode(raw)
+            new, result = fn(current)
+            if new == current:
+                return (None if raw is None else raw.decode()), result
+            return (None if new is None else json.dumps(new, separators=(",", ":"))), result
+
+        return await self._cas.update(self._k(key), step, ttl_ms=TTL_MS)
 
     async def keys(self) -> list[str]:
         prefix = self._k("quota:")

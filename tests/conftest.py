@@ -47,19 +47,25 @@ def _start(
             url = line.strip().split(" ")[-1] if "listening on" in line else ""
             if marker == "ocx listening on":
                 url = line.split("ocx listening on ")[1].split(" ")[0]
-            _drain(proc)
+            OUTPUT[proc.pid] = seen
+            _drain(proc, seen)
             return proc, url
     proc.kill()
     raise RuntimeError("process did not start:\n" + "".join(seen))
 
 
-def _drain(proc: subprocess.Popen[str]) -> None:
+# Every line a started process printed (stdout and stderr), by pid: log-content tests read it.
+OUTPUT: dict[int, list[str]] = {}
+
+
+def _drain(proc: subprocess.Popen[str], lines: list[str]) -> None:
     # Keep reading the child's output so that it never blocks on a full pipe.
     import threading
 
     def pump() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
+            lines.append(line)
             if os.environ.get("OCX_TEST_ECHO"):
                 sys.stderr.write(line)
 
@@ -145,6 +151,8 @@ class Server:
         self.proc = proc
         self.data_dir = data_dir
         self.env: dict[str, str] = {}  # the environment `ocx serve` was started with
+        # Everything the server and its workers printed so far (stdout and stderr, by line).
+        self.output: list[str] = OUTPUT.setdefault(proc.pid, [])
         self.api = httpx.Client(
             base_url=url, timeout=30, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
         )

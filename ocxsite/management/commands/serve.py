@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -66,6 +67,13 @@ class Command(BaseCommand):
                     "or open the admin at /admin/ (create a user with "
                     "`python manage.py createsuperuser`)."
                 )
+        env = {**os.environ, "OCX_WORKER": "1"}
+        if workers > 1:
+            # Each worker has its own metrics; prometheus_client sums them through files here.
+            metrics_dir = settings.OCX_DATA_DIR / f"prometheus-{os.getpid()}"
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+            metrics_dir.mkdir(parents=True)
+            env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
         for _ in range(workers):
             children.append(
                 subprocess.Popen(
@@ -81,7 +89,7 @@ class Command(BaseCommand):
                         "ocxsite.asgi:application",
                     ],
                     pass_fds=(sock.fileno(),),
-                    env={**os.environ, "OCX_WORKER": "1"},
+                    env=env,
                 )
             )
         self.stdout.write(f"ocx listening on http://{host}:{port} ({workers} worker(s))")

@@ -1,0 +1,57 @@
+// Live routing events for the ocx admin: badges refresh and the events list grows as
+// cooldowns, hops and quota transitions happen (pushed over /ws/events).
+(function () {
+  "use strict";
+  var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
+  var labels = {
+    available: function () { return "Available"; },
+    cooling: function (t) { return "Cooling until " + (t.until || "?"); },
+    out_of_quota: function (t) { return "Out of quota until " + (t.until || "?"); },
+    quota_unknown: function () { return "Quota unknown"; }
+  };
+
+  function refreshBadges() {
+    document.querySelectorAll(".ocx-live[data-combo]").forEach(function (box) {
+      var combo = box.getAttribute("data-combo");
+      fetch("/api/status?combo=" + encodeURIComponent(combo), { credentials: "same-origin" })
+        .then(function (r) { return r.ok ? r.json() : null; })
+        .then(function (report) {
+          if (!report || !report.combos.length) { return; }
+          report.combos[0].targets.forEach(function (t) {
+            var el = box.querySelector('[data-target="' + t.target + '"]');
+            if (!el) { return; }
+            el.className = "ocx-badge ocx-" + t.badge;
+            el.textContent = t.target + ": " + labels[t.badge](t);
+          });
+        });
+    });
+  }
+
+  function addEvent(event) {
+    var list = document.getElementById("ocx-events");
+    if (!list) { return; }
+    var item = document.createElement("li");
+    var when = new Date(event.at || event.until || Date.now()).toISOString();
+    var text = event.message ||
+      (event.kind === "cooldown"
+        ? "combo/" + event.combo + ": " + event.target + " cooling until " +
+          new Date(event.until).toISOString() + " (" + event.reason + ")"
+        : JSON.stringify(event));
+    item.textContent = when + "  " + text;
+    list.insertBefore(item, list.firstChild);
+  }
+
+  function connect() {
+    var socket = new WebSocket(scheme + window.location.host + "/ws/events");
+    socket.onmessage = function (message) {
+      var event = JSON.parse(message.data);
+      addEvent(event);
+      refreshBadges();
+    };
+    socket.onclose = function () { window.setTimeout(connect, 3000); };
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    if (document.querySelector(".ocx-live, #ocx-events")) { connect(); }
+  });
+})();

@@ -1,0 +1,123 @@
+"""Admin live badges, the events page, and the out-of-quota save guard (reference §2.7)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from combos.engine.state import ComboState, MemoryStateStore
+from combos.models import Combo
+from combos.services import combo_set
+from ocxsite.runtime import get_runtime
+from providers.models import Provider
+from providers.services import provider_set
+from quota import windows as qw
+from quota.tracker import MemoryJsonStore, Record
+from tests.combos.test_admin import _combo_post
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def staff() -> Client:
+    user = get_user_model().objects.create_superuser("root", "r@example.com", "pw-123456789")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def live_state() -> Iterator[tuple[MemoryStateStore, MemoryJsonStore]]:
+    runtime = get_runtime()
+    store, quota = runtime.store, runtime.tracker.store
+    assert isinstance(store, MemoryStateStore) and isinstance(quota, MemoryJsonStore)
+    yield store, quota
+    store._states.clear()
+    quota.data.clear()
+
+
+def _providers() -> tuple[Provider, Provider]:
+    for name in ("p1", "p2"):
+        provider_set(
+            name=name,
+            raw={
+                "adapter": "openai-responses",
+                "baseUrl": "http://127.0.0.1:9/v1",
+                "apiKeyEnv": "K",
+            },
+        )
+    return Provider.objects.get(name="p1"), Provider.objects.get(name="p2")
+
+
+def _exhausted(provider: str, reset_in_ms: int) -> Record:
+    now = int(time.time() * 1000)
+    window = qw.Window(
+        name="five_hour",
+        used_percent=100.0,
+        window_minutes=300,
+        resets_at_ms=now + reset_in_ms,
+        observed_at_ms=now,
+        source=qw.SOURCE_CODEX_HEADERS,
+    )
+    state, _ = qw.observe(qw.CredentialQuota(provider, "fp1"), [window], now=now)
+    assert state.status == "limited"
+    return Record(state, (window,))
+
+
+@pytest.mark.skipif(bool(__import__("os").environ.get("REDIS_URL")), reason="memory store only")
+def test_badges_show_cooling_out_of_quota_and_unknown(
+    staff: Client, live_state: tuple[MemoryStateStore, MemoryJsonStore]
+) -> None:
+    store, quota = live_state
+    _providers()
+    combo_set(
+        combo_id="main",
+        raw={"targets": [{"provider": "p1", "model": "m1"}, {"provider": "p2", "model": "m2"}]},
+    )
+    now = int(time.time() * 1000)
+    store._states["main"] = ComboState(cooldowns={"p2/m2": now + 60_000})
+    quota.data["quota:p1:fp1"] = _exhausted("p1", 3_600_000).to_json()
+    combo = Combo.objects.get(combo_id="main")
+    page = staff.get(f"/admin/combos/combo/{combo.pk}/change/").content.decode()
+    assert 'class="ocx-badge ocx-out_of_quota" data-target="p1/m1"' in page
+    assert "p1/m1: Out of quota until" in page
+    assert "p2/m2: Cooling until" in page
+    assert "ocx/live.js" in page
+    store._states.clear()
+    quota.data.clear()
+    page = staff.get("/admin/combos/combo/").content.decode()
+    assert "p1/m1: Quota unknown" in page
+
+
+@pytest.mark.skipif(bool(__import__("os").environ.get("REDIS_URL")), reason="memory store only")
+def test_save_blocked_only_when_every_usable_target_is_out_of_quota(
+    staff: Client, live_state: tuple[MemoryStateStore, MemoryJsonStore]
+) -> None:
+    _, quota = live_state
+    p1, p2 = _providers()
+    quota.data["quota:p1:fp1"] = _exhausted("p1", 3_600_000).to_json()
+    # One usable target still has quota: the save goes through.
+    assert staff.post("/admin/combos/combo/add/", _combo_post(p1, p2)).status_code == 302
+    Combo.objects.all().delete()
+    quota.data["quota:p2:fp1"] = _exhausted("p2", 7_200_000).to_json()
+    response = staff.post("/admin/combos/combo/add/", _combo_post(p1, p2))
+    assert response.status_code == 200
+    text = response.content.decode()
+    assert "Every usable target is out of quota: p1/m1 until" in text
+    assert "p2/m2 until" in text
+    assert not Combo.objects.exists()
+
+
+def test_events_page_listens_on_the_websocket(staff: Client) -> None:
+    page = staff.get("/admin/combos/combo/events/")
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert 'id="ocx-events"' in body
+    assert "ocx/live.js" in body
+    script = staff.get("/static/ocx/live.js")
+    assert script.status_code == 200
+    assert b"/ws/events" in b"".join(script.streaming_content)  # type: ignore[attr-defined]
