@@ -38,11 +38,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ocxsite.settings")
     import django
+    from django.apps import apps
     from django.core.exceptions import ImproperlyConfigured
     from django.core.management import CommandError, call_command
 
     try:
-        django.setup()
+        if not apps.ready:  # already set up when called in-process (tests)
+            django.setup()
     except ImproperlyConfigured as exc:
         print(f"ocx: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -18,7 +18,9 @@ from quota.tracker import MemoryJsonStore, Record
 def _redis() -> Any:
     import redis
 
-    return redis.Redis.from_url(settings.OCX_REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+    url = settings.OCX_REDIS_URL
+    assert url is not None
+    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
 
 
 def combo_state(combo_id: str) -> ComboState:

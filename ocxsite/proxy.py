@@ -8,6 +8,7 @@ the committing target's answer. No ORM call happens here.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
@@ -41,7 +42,12 @@ from ocxsite.access import CLIENT_PREFIX, KeyInfo, digest
 from ocxsite.requestlog import RequestEntry
 from ocxsite.runtime import Runtime, get_runtime
 from providers.upstream import Caller, attempt
-from quota.windows import credential_fingerprint, windows_from_error, windows_from_headers
+from quota.windows import (
+    credential_fingerprint,
+    is_exhausted,
+    windows_from_error,
+    windows_from_headers,
+)
 
 log = logging.getLogger("ocx.proxy")
 request_log = logging.getLogger("ocx.request")
@@ -315,7 +321,7 @@ class ProxyApp:
         if resolution.kind == "unresolved" and lane is not None:
             # Compaction recall (reference §7): a bare upstream model name this client's
             # session got from a combo earlier routes through that combo again.
-            recalled = runtime.recall.recall(
+            recalled = await runtime.recall.recall(
                 str(key.id), lane, model, now=_now_ms(), live=snapshot_liveness(snapshot)
             )
             if recalled is not None:
@@ -407,7 +413,11 @@ class ProxyApp:
             pair = pairs.get(target.key)
             if pair is not None:
                 used.add(pair)
-                await _ingest_quota(runtime, pair, seen.get("headers") or {}, outcome)
+                limited = await _ingest_quota(runtime, pair, seen.get("headers") or {}, outcome)
+                if limited and provider.adapter == "chatgpt":
+                    # This caller's account is out of quota; other accounts may still use
+                    # the target, so the quota state (per credential) handles it alone.
+                    outcome = dataclasses.replace(outcome, cool=False)
             failure = outcome.failure
             if failure is not None and not outcome.committed:
                 flag = compat_hop(failure, child, protocol=inbound)
@@ -469,7 +479,7 @@ class ProxyApp:
             if record.outcome == "hop":
                 metrics.HOPS.labels(combo.id, record.reason).inc()
         if result.served is not None and not result.failed_after_commit and lane is not None:
-            runtime.recall.remember(
+            await runtime.recall.remember(
                 str(key.id),
                 lane,
                 result.served.model,
@@ -482,7 +492,9 @@ class ProxyApp:
 
 async def _ingest_quota(
     runtime: Runtime, pair: tuple[str, str], headers: Mapping[str, str], outcome: Outcome
-) -> None:
+) -> bool:
+    """Fold an attempt's quota windows into its credential's state; True when the failure
+    was structured evidence that the credential is out of quota."""
     now = _now_ms()
     failure = outcome.failure
     windows = windows_from_headers(headers, now=now) if headers else []
@@ -492,8 +504,9 @@ async def _ingest_quota(
             # The error's headers are usually the ones observed above: count each window once.
             windows = list(dict.fromkeys(windows))
         await runtime.tracker.ingest(pair, windows, outcome="failure", now=now)
-    else:
-        await runtime.tracker.ingest(pair, windows, outcome="success", now=now)
+        return any(is_exhausted(w, now=now) for w in windows)
+    await runtime.tracker.ingest(pair, windows, outcome="success", now=now)
+    return False
 
 
 def _credential_pair(
@@ -624,6 +637,10 @@ def _caller_headers(headers: Mapping[str, str]) -> dict[str, str]:
             "x-openai-subagent",
         )
     }
+    # Codex's `session_id` reaches us as `session-id` (see ocxsite.daphne_main).
+    session = headers.get("session-id") or headers.get("session_id")
+    if session is not None:
+        out["session_id"] = session
     scheme, _, value = headers.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer" and value.strip() and not value.strip().startswith(CLIENT_PREFIX):
         out["authorization"] = f"Bearer {value.strip()}"

@@ -22,7 +22,6 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from combos import selectors
-from combos.engine.recall import RecallStore
 from combos.engine.state import MemoryStateStore, StateStore
 from combos.engine.types import ConfigSnapshot, ProviderSpec
 from ocxsite import access, metrics, requestlog
@@ -30,6 +29,7 @@ from ocxsite.access import KeyInfo
 from ocxsite.background import BatchWriter
 from ocxsite.events import EVENTS_GROUP
 from ocxsite.ratelimit import MemoryLimiter, RedisLimiter
+from ocxsite.recall_store import MemoryRecall, RedisRecall
 from providers.upstream import ClientPool
 from quota import services as quota_services
 from quota.tracker import JsonStore, MemoryJsonStore, QuotaTracker
@@ -68,7 +68,11 @@ class Runtime:
         self.transitions: BatchWriter[quota_services.TransitionEvent] = BatchWriter(
             "quota transitions", quota_services.transitions_write, maxsize=1000
         )
-        self.recall = RecallStore()
+        self.recall: MemoryRecall | RedisRecall = (
+            RedisRecall(settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX)
+            if settings.OCX_REDIS_URL
+            else MemoryRecall()
+        )
         self.limiter: MemoryLimiter | RedisLimiter = (
             RedisLimiter(settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX)
             if settings.OCX_REDIS_URL

@@ -81,10 +81,11 @@ def combo_status(
         def predicate(target: TargetSpec, credential: str = credential) -> str | None:
             if target.key == combo.override:
                 return None  # a manual pin is independent of the quota state (§8.5)
-            if target.provider in per_caller:
-                mine = [relevant.get((target.provider, credential))]
-            else:
-                mine = own.get(target.provider, [])
+            mine: list[Record | None] = (
+                [relevant.get((target.provider, credential))]
+                if target.provider in per_caller
+                else list(own.get(target.provider, []))
+            )
             limited = [r for r in mine if r is not None]
             if any(qw.eligibility(r.state, now=now) == "ineligible" for r in limited):
                 return "quota_exhausted"

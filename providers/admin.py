@@ -66,7 +66,7 @@ class ProviderForm(forms.ModelForm):  # type: ignore[type-arg]
         return raw
 
     def clean(self) -> dict[str, Any]:
-        cleaned = super().clean()
+        cleaned = super().clean() or {}
         name = cleaned.get("name")
         if name and not self.errors:
             from combos.models import Combo

@@ -12,7 +12,11 @@ from quota.models import QuotaSnapshot, QuotaTransition
 
 
 def _ts(ms: int | None) -> dt.datetime | None:
-    return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
+    return None if ms is None else _at(ms)
+
+
+def _at(ms: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
 
 
 def snapshots_write(items: list[tuple[str, str, list[qw.Window]]]) -> None:
@@ -33,7 +37,7 @@ def snapshots_write(items: list[tuple[str, str, list[qw.Window]]]) -> None:
                     "used_percent": w.used_percent,
                     "window_minutes": w.window_minutes,
                     "resets_at": _ts(w.resets_at_ms),
-                    "observed_at": _ts(w.observed_at_ms),
+                    "observed_at": _at(w.observed_at_ms),
                     "source": w.source[:32],
                 },
             )
@@ -56,7 +60,7 @@ def transitions_write(items: list[TransitionEvent]) -> None:
             to_state=e.transition.to_status,
             reason=e.transition.reason[:256],
             message=e.message[:512],
-            at=_ts(e.transition.at_ms),
+            at=_at(e.transition.at_ms),
         )
         for e in items
     )

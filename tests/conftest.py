@@ -169,7 +169,13 @@ class Server:
     def create_key(self, user: str = "dev", **extra: Any) -> str:
         r = self.api.post("/api/keys", json={"user": user, **extra})
         assert r.status_code == 201, r.text
-        return r.json()["key"]
+        key: str = r.json()["key"]
+        # Workers reload their key map within a poll interval: wait until this one is known.
+        deadline = time.monotonic() + 5
+        while self.http.get("/v1/models", headers={"x-ocx-key": key}).status_code == 401:
+            assert time.monotonic() < deadline, "the new client key was not picked up"
+            time.sleep(0.02)
+        return key
 
     def wait_synced(self, timeout: float = 5) -> None:
         """Wait until the worker serves the stored config version (PRODUCT §4.2)."""

@@ -33,6 +33,9 @@ class Outcome:
     status: int = 200
     # Token usage the upstream reported (a `providers.wire.usage.Usage`), if any.
     usage: Any = None
+    # False when the failure is already handled per credential (a caller's own quota on a
+    # shared `chatgpt` target): the target is not cooled for everyone else.
+    cool: bool = True
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,7 @@ async def route(
         decision = classify(failure)
         at = now()
         found = cooldown(failure, decision, combo_cooldown_ms=combo.cooldown_ms, now=at)
-        until = None if found is None else at + found.ms
+        until = None if found is None or not outcome.cool else at + found.ms
         cooled = _cooled_keys(combo, target, decision) if until is not None else ()
 
         await store.update(combo.id, _failed(combo, (key, *cooled), until, at))

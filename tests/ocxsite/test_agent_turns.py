@@ -999,14 +999,8 @@ def test_anthropic_prompt_too_long_hops_to_larger_window(server: Server, mock: M
 # How the session lane reaches ocx: Codex sends the `session_id` header and the same value as the
 # body's `prompt_cache_key` (codex-wire §2.5, §3.1); other clients use `session-id` and friends.
 LANE_CARRIERS = [
-    pytest.param(
-        "session_id",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="Daphne drops every request header containing '_' (CVE-2015-0219 guard), "
-            "so the proxy never sees Codex's `session_id` header",
-        ),
-    ),
+    # Daphne drops underscore headers; ocxsite.daphne_main renames exactly this one.
+    "session_id",
     "session-id",
     "thread-id",
     "prompt_cache_key",

@@ -80,7 +80,7 @@ class Command(BaseCommand):
                     [
                         sys.executable,
                         "-m",
-                        "daphne",
+                        "ocxsite.daphne_main",
                         "--fd",
                         str(sock.fileno()),
                         "--proxy-headers",
