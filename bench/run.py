@@ -1,9 +1,11 @@
 """ocx benchmark: direct (the floor) vs ocx vs LiteLLM, interleaved, in one run.
 
     python bench/run.py [--quick] [--skip-litellm] [--duration S] [--no-profile] [--out FILE]
+                        [--server daphne,uvicorn]
 
 Starts on 127.0.0.1 only: the ocx mock upstream (8 deltas per stream), ocx bare (one Daphne
-worker, no REDIS_URL), ocx "production" (one worker, REDIS_URL set), ocx with `--workers 2`
+worker, no REDIS_URL), ocx-uvicorn (the same under `ocx serve --server uvicorn`, when uvicorn
+is installed), ocx "production" (one Daphne worker, REDIS_URL set), ocx with `--workers 2`
 (REDIS_URL set), and LiteLLM's proxy (one worker, no database; see bench/setup_litellm.sh),
 all in front of the same mock. Then, for Chat Completions and Responses, streaming and not, at
 concurrency 1/16/64, it runs the same `wrk` load against each of them back to back (so
@@ -276,7 +278,7 @@ class Target:
         return tree(self.pid)
 
     def workers(self) -> list[int]:
-        """ocx: the Daphne workers (not the `ocx serve` supervisor); others: the whole tree."""
+        """ocx: the Daphne/uvicorn workers (not the `ocx serve` supervisor); others: the tree."""
         if not self.name.startswith("ocx"):
             return self.pids()
         return [p for p in self.pids() if p != self.pid] or [self.pid]
@@ -302,7 +304,13 @@ def mock_script(base: str, extra: dict[str, Any]) -> None:
         raise RuntimeError(f"mock script rejected: {body}")
 
 
-def start_ocx(name: str, mock_base: str, workers: int = 1, redis: bool = False) -> Target:
+# The one-worker, no-Redis ocx instance of each server (`ocx serve --server S`).
+BARE = {"daphne": "ocx-bare", "uvicorn": "ocx-uvicorn"}
+
+
+def start_ocx(
+    name: str, mock_base: str, workers: int = 1, redis: bool = False, server: str = "daphne"
+) -> Target:
     data = _tmp / f"data-{name}"
     env = {
         "OCX_DATA_DIR": str(data),
@@ -317,7 +325,8 @@ def start_ocx(name: str, mock_base: str, workers: int = 1, redis: bool = False) 
         env["REDIS_URL"] = ""
     port = free_port()
     proc = start(
-        [PY, "-m", "ocxsite.cli", "serve", "--port", str(port), "--workers", str(workers)],
+        [PY, "-m", "ocxsite.cli", "serve", "--port", str(port), "--workers", str(workers)]
+        + ["--server", server],
         env,
         name,
     )
@@ -731,32 +740,45 @@ def report(res: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
     checks: list[tuple[str, str, Any, bool | None]] = []
     have_ll = "litellm" in names
+    bares = [n for n in BARE.values() if n in names]
+
+    def tag(bare: str) -> str:
+        return "" if bare == "ocx-bare" else f" [{bare}]"
+
     for key in runs:
         api, stream, c = key.split("|")
-        if have_ll:
-            x = ratio(g(key, "ocx-bare", "cpu_ms_per_req"), g(key, "litellm", "cpu_ms_per_req"))
-            checks.append(
-                (
-                    "CPU/req ≤ 1/10 LiteLLM",
-                    f"{api} {stream} c={c}",
-                    x,
-                    None if x is None else x <= 0.1,
-                )
-            )
-            if c == "16":
-                x = ratio(g(key, "ocx-bare", "rps"), g(key, "litellm", "rps"))
+        for bare in bares:
+            if have_ll:
+                x = ratio(g(key, bare, "cpu_ms_per_req"), g(key, "litellm", "cpu_ms_per_req"))
                 checks.append(
                     (
-                        "req/s at c=16 ≥ 10× LiteLLM",
-                        f"{api} {stream}",
+                        "CPU/req ≤ 1/10 LiteLLM" + tag(bare),
+                        f"{api} {stream} c={c}",
                         x,
-                        None if x is None else x >= 10,
+                        None if x is None else x <= 0.1,
                     )
                 )
-        if c == "1" and stream == "json":
-            b, d = g(key, "ocx-bare", "p50_ms"), g(key, "direct", "p50_ms")
-            x = None if b is None or d is None else round(b - d, 2)
-            checks.append(("added p50 at c=1 ≤ 2 ms", f"{api}", x, None if x is None else x <= 2))
+                if c == "16":
+                    x = ratio(g(key, bare, "rps"), g(key, "litellm", "rps"))
+                    checks.append(
+                        (
+                            "req/s at c=16 ≥ 10× LiteLLM" + tag(bare),
+                            f"{api} {stream}",
+                            x,
+                            None if x is None else x >= 10,
+                        )
+                    )
+            if c == "1" and stream == "json":
+                b, d = g(key, bare, "p50_ms"), g(key, "direct", "p50_ms")
+                x = None if b is None or d is None else round(b - d, 2)
+                checks.append(
+                    (
+                        "added p50 at c=1 ≤ 2 ms" + tag(bare),
+                        f"{api}",
+                        x,
+                        None if x is None else x <= 2,
+                    )
+                )
         x = ratio(g(key, "ocx-prod", "cpu_ms_per_req"), g(key, "ocx-bare", "cpu_ms_per_req"))
         checks.append(
             (
@@ -780,27 +802,31 @@ def report(res: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         api, c = key.split("|")
         if c != "1":
             continue
-        b, d = (
-            (by_t.get("ocx-bare") or {}).get("ttft_ms"),
-            (by_t.get("direct") or {}).get("ttft_ms"),
-        )
-        x = None if not b or not d else round(b["p50"] - d["p50"], 2)
-        checks.append(("added TTFT p50 at c=1 ≤ 3 ms", api, x, None if x is None else x <= 3))
+        for bare in bares:
+            b, d = (
+                (by_t.get(bare) or {}).get("ttft_ms"),
+                (by_t.get("direct") or {}).get("ttft_ms"),
+            )
+            x = None if not b or not d else round(b["p50"] - d["p50"], 2)
+            checks.append(
+                ("added TTFT p50 at c=1 ≤ 3 ms" + tag(bare), api, x, None if x is None else x <= 3)
+            )
     if have_ll:
         for api, by_t in res["paced"].items():
-            x = ratio(
-                (by_t.get("ocx-bare") or {}).get("peak_worker_rss_mb"),
-                (by_t.get("litellm") or {}).get("peak_rss_mb"),
-            )
-            checks.append(
-                (
-                    "peak RSS per worker, 64 streams ≤ 1/4 LiteLLM",
-                    api,
-                    x,
-                    None if x is None else x <= 0.25,
+            for bare in bares:
+                x = ratio(
+                    (by_t.get(bare) or {}).get("peak_worker_rss_mb"),
+                    (by_t.get("litellm") or {}).get("peak_rss_mb"),
                 )
-            )
-    lines.append("\n### Targets (per ocx worker; ocx-bare unless stated)\n")
+                checks.append(
+                    (
+                        "peak RSS per worker, 64 streams ≤ 1/4 LiteLLM" + tag(bare),
+                        api,
+                        x,
+                        None if x is None else x <= 0.25,
+                    )
+                )
+    lines.append("\n### Targets (per ocx worker; ocx-bare (Daphne) unless stated)\n")
     lines.append("| target | case | measured | met |")
     lines.append("|---|---|---|---|")
     for what, case, x, ok in checks:
@@ -844,8 +870,9 @@ def features() -> dict[str, Any]:
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     code = (
-        "import importlib.metadata as m, json; print(json.dumps({k: m.version(k) for k in "
-        "['django','daphne','twisted','channels','httpx','httpcore']}))"
+        "import importlib.metadata as m, importlib.util, json; print(json.dumps({k: m.version(k) for k in "
+        "['django','daphne','twisted','channels','httpx','httpcore','uvicorn','uvloop','httptools']"
+        " if importlib.util.find_spec(k.replace('-', '_'))}))"
     )
     try:
         out.update(
@@ -881,6 +908,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--no-workers2", action="store_true", help="skip the --workers 2 instance")
     p.add_argument(
+        "--server",
+        default=None,
+        help="comma list of `ocx serve --server` values to measure as one-worker instances: "
+        "daphne (ocx-bare), uvicorn (ocx-uvicorn). Default: both when uvicorn is installed",
+    )
+    p.add_argument(
         "--out", default=None, help="result JSON path (default bench/results/<date>.json)"
     )
     p.add_argument(
@@ -914,8 +947,12 @@ def main(argv: list[str] | None = None) -> int:
     mock_proc, mock_base = start_mock()
     mock_t = Target("direct", mock_base, mock_proc.pid, None, {"chat": "m", "responses": "m"})
     targets = [mock_t]
-    log("starting ocx bare (1 worker, no REDIS_URL)")
-    targets.append(start_ocx("ocx-bare", mock_base))
+    servers = (args.server or ("daphne,uvicorn" if _has_uvicorn() else "daphne")).split(",")
+    for server in servers:
+        if server not in BARE:
+            raise SystemExit(f"--server: unknown server {server!r} (daphne, uvicorn)")
+        log(f"starting {BARE[server]} (1 {server} worker, no REDIS_URL)")
+        targets.append(start_ocx(BARE[server], mock_base, server=server))
     redis_ok = (
         subprocess.run(
             ["redis-cli", "-u", REDIS_URL, "ping"], capture_output=True, text=True
@@ -947,6 +984,7 @@ def main(argv: list[str] | None = None) -> int:
             "nice": args.nice,
             "wrk": "wrk -t1 -cC -dDs --timeout 10s -s bench/wrk/<api>.lua",
             "redis": REDIS_URL if redis_ok else None,
+            "servers": servers,
         },
         "machine": {
             "cpus": os.cpu_count(),
@@ -1022,12 +1060,13 @@ def main(argv: list[str] | None = None) -> int:
         res["rss_hwm_mb"][t.name] = round(hwm_bytes(t.pids()) / 2**20, 1)
 
     if not args.no_profile and not args.quick and "profile" in phases:
-        bare = next(t for t in targets if t.name == "ocx-bare")
-        for api, stream in (("chat", False), ("chat", True), ("responses", True)):
-            log(f"py-spy profile of ocx-bare worker: {api} stream={stream} c=16")
-            pr = profile(bare, api, stream, 16, max(duration, 5), stamp)
-            if pr:
-                res["profiles"][f"{api}|{'stream' if stream else 'json'}|16"] = pr
+        for bare in (t for t in targets if t.name in BARE.values()):
+            for api, stream in (("chat", False), ("chat", True), ("responses", True)):
+                log(f"py-spy profile of {bare.name} worker: {api} stream={stream} c=16")
+                pr = profile(bare, api, stream, 16, max(duration, 5), stamp)
+                if pr:
+                    prefix = "" if bare.name == "ocx-bare" else f"{bare.name}|"
+                    res["profiles"][f"{prefix}{api}|{'stream' if stream else 'json'}|16"] = pr
 
     res["machine"]["loadavg_after"] = _loadavg()
     res["elapsed_s"] = round(time.monotonic() - t_start, 1)
@@ -1042,6 +1081,13 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     log(f"done in {res['elapsed_s']} s: {out} and {out.with_suffix('.md')}")
     return 0
+
+
+def _has_uvicorn() -> bool:
+    r = subprocess.run(
+        [PY, "-c", "import uvicorn"], capture_output=True, text=True, timeout=30, cwd=ROOT
+    )
+    return r.returncode == 0
 
 
 def _cpu_model() -> str:

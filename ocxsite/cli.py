@@ -9,7 +9,7 @@ COMMANDS = {"combo", "provider", "key", "config", "catalog", "status", "serve", 
 USAGE = """usage: ocx <command> [...]
 
 commands:
-  serve [--host H] [--port P] [--workers N] [--demo] [--no-migrate]
+  serve [--host H] [--port P] [--workers N] [--server daphne|uvicorn] [--demo] [--no-migrate]
   mock-upstream [--host H] [--port P]
   combo list|show|set|remove|mode ...   (also: ocx route combo ...)
   provider list|show|set|remove ...

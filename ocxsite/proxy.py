@@ -96,6 +96,8 @@ class Exchange:
         self.combo: str | None = None
         self.attempts = 0
         self.upstream_s = 0.0
+        # The final body was sent: nothing more may follow (ASGI allows one end of body).
+        self.done = False
         self.entry = RequestEntry(request_id=request_id, at=time.time())
         self._held: list[bytes] | None = None
 
@@ -130,7 +132,8 @@ class Exchange:
             await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
     async def finish(self) -> None:
-        if self.started:
+        if self.started and not self.done:
+            self.done = True
             body = b"".join(self._held or ())
             self._held = None
             await self._send({"type": "http.response.body", "body": body, "more_body": False})
@@ -148,6 +151,7 @@ class Exchange:
         ]
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
+        self.done = True
 
 
 def _now_ms() -> int:

@@ -198,7 +198,11 @@ class Server:
 
 
 def start_server(
-    tmp: Path, *, workers: int = 1, extra_env: dict[str, str] | None = None
+    tmp: Path,
+    *,
+    workers: int = 1,
+    extra_env: dict[str, str] | None = None,
+    server_args: list[str] | None = None,
 ) -> tuple[Server, callable]:  # type: ignore[valid-type]
     db_url, drop = _server_database()
     env = {
@@ -218,7 +222,8 @@ def start_server(
     if "OCX_STATE_KEY_PREFIX" not in (extra_env or {}):
         env["OCX_STATE_KEY_PREFIX"] = f"ocx-test-{uuid.uuid4().hex[:10]}"
     proc, url = _start(
-        [sys.executable, "-m", "ocxsite.cli", "serve", "--port", "0", "--workers", str(workers)],
+        [sys.executable, "-m", "ocxsite.cli", "serve", "--port", "0", "--workers", str(workers)]
+        + (server_args or []),
         env,
         "ocx listening on",
         timeout=60,
