@@ -33,14 +33,13 @@ from providers.wire.chat import (
 from providers.wire.commit import (
     MAX_BUFFER_BYTES,
     MAX_BUFFER_CHUNKS,
-    Decision,
-    EndState,
-    Phase,
+    CommitScanner,
+    EventClass,
     StreamFailure,
     failure_from_error,
     truncation_failure,
 )
-from providers.wire.sse import SSEEvent, SSEFrameTooLarge, SSEParser
+from providers.wire.sse import SSEEvent, SSEParser
 
 JSON = dict[str, Any]
 AnthropicEventClass = Literal["control", "output", "completed", "failure"]
@@ -746,10 +745,16 @@ def classify_anthropic_event(event: SSEEvent) -> AnthropicEventClass:
     return "control"
 
 
-class AnthropicCommitScanner:
-    """The per-attempt pre-commit scanner for an Anthropic Messages SSE stream; the same
-    interface and semantics as `commit.CommitScanner` (`feed` → `Decision`, `finish`,
-    `buffered`, `end_state`, `failure`, `phase`), with `classify_anthropic_event` as the rule.
+_EVENT_CLASSES: Mapping[str, EventClass] = {
+    "control": EventClass.CONTROL,
+    "output": EventClass.OUTPUT,
+    "completed": EventClass.COMPLETED,
+    "failure": EventClass.FAILURE,
+}
+
+
+class AnthropicCommitScanner(CommitScanner):
+    """The commit scanner of `commit.CommitScanner` with `classify_anthropic_event` as the rule.
 
     Because an Anthropic stream is translated rather than passed through, `buffered_events()`
     returns the frames parsed before (and including) the committing chunk; feed them, then the
@@ -763,113 +768,18 @@ class AnthropicCommitScanner:
         max_chunks: int = MAX_BUFFER_CHUNKS,
         max_frame_bytes: int = MAX_BUFFER_BYTES,
     ) -> None:
-        self._max_bytes = max_bytes
-        self._max_chunks = max_chunks
-        self._parser = SSEParser(max_frame_bytes)
-        self._chunks: list[bytes] = []
-        self._events: list[SSEEvent] = []
-        self._size = 0
-        self._phase = Phase.BUFFERING
-        self._failure: StreamFailure | None = None
-        self._end = EndState.OPEN
-        self._end_failure: StreamFailure | None = None
+        super().__init__(
+            "anthropic",
+            max_bytes=max_bytes,
+            max_chunks=max_chunks,
+            max_frame_bytes=max_frame_bytes,
+        )
 
-    @property
-    def phase(self) -> Phase:
-        return self._phase
+    def classify(self, event: SSEEvent) -> EventClass:
+        return _EVENT_CLASSES[classify_anthropic_event(event)]
 
-    @property
-    def failure(self) -> StreamFailure | None:
-        """The pre-output failure (FAILED) or the upstream's post-commit `error` event."""
-        return self._failure or self._end_failure
-
-    def buffered(self) -> list[bytes]:
-        """The raw chunks held before commit (including the committing chunk)."""
-        return list(self._chunks)
-
-    def buffered_events(self) -> list[SSEEvent]:
-        """The frames parsed from `buffered()` chunks, in order."""
-        return list(self._events)
-
-    def end_state(self) -> EndState:
-        return self._end
-
-    def feed(self, chunk: bytes) -> Decision:
-        """Inspect one upstream chunk and return the phase after it."""
-        if self._phase is Phase.FAILED:
-            return Decision(Phase.FAILED, "failed", self._failure)
-        if self._phase is Phase.COMMITTED:
-            return Decision(Phase.COMMITTED, "committed", None, self._parse_and_track(chunk))
-        self._chunks.append(chunk)
-        if self._size + len(chunk) > self._max_bytes or len(self._chunks) > self._max_chunks:
-            self._phase = Phase.COMMITTED
-            events = self._parse_and_track(chunk)
-            self._events.extend(events)
-            return Decision(Phase.COMMITTED, "buffer_cap", None, events)
-        self._size += len(chunk)
-        try:
-            events = tuple(self._parser.feed(chunk))
-        except SSEFrameTooLarge:
-            self._phase = Phase.COMMITTED
-            return Decision(Phase.COMMITTED, "buffer_cap")
-        return self._inspect(events, "lifecycle")
-
-    def finish(self) -> Decision:
-        """End of the upstream stream (clean close, cut connection, or idle timeout)."""
-        try:
-            events = tuple(self._parser.finish())
-        except SSEFrameTooLarge:
-            events = ()
-        if self._phase is Phase.BUFFERING and events:
-            decision = self._inspect(events, "end")
-            if decision.phase is Phase.FAILED:
-                return decision
-        elif self._phase is Phase.COMMITTED:
-            for event in events:
-                self._observe(classify_anthropic_event(event), event)
-        if self._end is EndState.OPEN:
-            self._end = EndState.TRUNCATED
-        if self._phase is Phase.BUFFERING:
-            self._phase = Phase.FAILED
-            self._failure = truncation_failure("stream ended before producing output")
-            return Decision(Phase.FAILED, "ended_without_output", self._failure, events)
-        return Decision(self._phase, self._end.value, self.failure, events)
-
-    def _observe(self, cls: AnthropicEventClass, event: SSEEvent) -> None:
-        if self._end is not EndState.OPEN:
-            return
-        if cls == "completed":
-            self._end = EndState.COMPLETED
-        elif cls == "failure":
-            self._end = EndState.FAILED
-            self._end_failure = anthropic_stream_failure(event)
-
-    def _parse_and_track(self, chunk: bytes) -> tuple[SSEEvent, ...]:
-        try:
-            events = tuple(self._parser.feed(chunk))
-        except SSEFrameTooLarge:
-            if self._end is EndState.OPEN:
-                self._end = EndState.TRUNCATED
-            return ()
-        for event in events:
-            self._observe(classify_anthropic_event(event), event)
-        return events
-
-    def _inspect(self, events: tuple[SSEEvent, ...], idle_reason: str) -> Decision:
-        reason = idle_reason
-        for event in events:
-            cls = classify_anthropic_event(event)
-            if self._phase is Phase.BUFFERING:
-                if cls == "failure":
-                    self._phase = Phase.FAILED
-                    self._failure = anthropic_stream_failure(event)
-                    return Decision(Phase.FAILED, "pre_output_failure", self._failure, events)
-                if cls in ("output", "completed"):
-                    self._phase = Phase.COMMITTED
-                    reason = "output" if cls == "output" else "terminal"
-            self._observe(cls, event)
-        self._events.extend(events)
-        return Decision(self._phase, reason, None, events)
+    def failure_of(self, event: SSEEvent) -> StreamFailure:
+        return anthropic_stream_failure(event)
 
 
 # ---------------------------------------------------------------------------------------------

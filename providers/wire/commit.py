@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
 
 from providers.wire.sse import SSEEvent, SSEFrameTooLarge, SSEParser, encode_json_event
 
-WireProtocol = Literal["responses", "chat"]
+WireProtocol = Literal["responses", "chat", "anthropic"]
 
 MAX_BUFFER_BYTES = 4 * 1024 * 1024
 MAX_BUFFER_CHUNKS = math.ceil(MAX_BUFFER_BYTES / 1024)
@@ -305,8 +305,11 @@ def failure_from_payload(protocol: WireProtocol, event: SSEEvent) -> StreamFailu
 class _EndTracker:
     """Watches terminals to tell a clean end from a failure or truncation."""
 
-    def __init__(self, protocol: WireProtocol) -> None:
+    def __init__(
+        self, protocol: WireProtocol, failure_of: Callable[[SSEEvent], StreamFailure]
+    ) -> None:
         self.protocol = protocol
+        self.failure_of = failure_of
         self.state = EndState.OPEN
         self.finish_seen = False
         self.failure: StreamFailure | None = None
@@ -316,7 +319,7 @@ class _EndTracker:
             return
         if cls is EventClass.FAILURE:
             self.state = EndState.FAILED
-            self.failure = failure_from_payload(self.protocol, event)
+            self.failure = self.failure_of(event)
         elif cls is EventClass.COMPLETED:
             self.state = EndState.COMPLETED
         elif cls is EventClass.INCOMPLETE:
@@ -371,7 +374,16 @@ class CommitScanner:
         self._size = 0
         self._phase = Phase.BUFFERING
         self._failure: StreamFailure | None = None
-        self._end = _EndTracker(protocol)
+        self._events: list[SSEEvent] = []
+        self._end = _EndTracker(protocol, self.failure_of)
+
+    def classify(self, event: SSEEvent) -> EventClass:
+        """The commit-rule class of one frame (overridden per protocol)."""
+        return classify_payload(self.protocol, event)
+
+    def failure_of(self, event: SSEEvent) -> StreamFailure:
+        """The failure a FAILURE-class frame reports (overridden per protocol)."""
+        return failure_from_payload(self.protocol, event)
 
     @property
     def phase(self) -> Phase:
@@ -386,6 +398,10 @@ class CommitScanner:
         """The chunks held before commit (including the committing chunk), to replay in order."""
         return list(self._chunks)
 
+    def buffered_events(self) -> list[SSEEvent]:
+        """The frames parsed from `buffered()` chunks, in order (for translated streams)."""
+        return list(self._events)
+
     def end_state(self) -> EndState:
         return self._end.state
 
@@ -399,6 +415,7 @@ class CommitScanner:
             self._chunks.append(chunk)
             self._phase = Phase.COMMITTED
             events = self._parse_and_track(chunk)
+            self._events.extend(events)
             return Decision(Phase.COMMITTED, "buffer_cap", None, events)
         self._chunks.append(chunk)
         self._size += len(chunk)
@@ -436,13 +453,15 @@ class CommitScanner:
             self._end.close()
             return ()
         for event in events:
-            self._end.observe(classify_payload(self.protocol, event), event)
+            self._end.observe(self.classify(event), event)
         return events
 
     def _inspect(self, events: tuple[SSEEvent, ...], idle_reason: str) -> Decision:
         reason = idle_reason
+        if self._phase is Phase.BUFFERING:
+            self._events.extend(events)
         for event in events:
-            cls = classify_payload(self.protocol, event)
+            cls = self.classify(event)
             if self._phase is Phase.BUFFERING:
                 if cls is EventClass.FAILURE or (
                     cls is EventClass.DONE and not self._end.finish_seen
@@ -450,7 +469,7 @@ class CommitScanner:
                     if cls is EventClass.DONE:
                         failure = truncation_failure("stream ended before producing output")
                     else:
-                        failure = failure_from_payload(self.protocol, event)
+                        failure = self.failure_of(event)
                     self._phase = Phase.FAILED
                     self._failure = failure
                     return Decision(Phase.FAILED, "pre_output_failure", failure, events)
