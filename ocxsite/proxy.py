@@ -463,18 +463,25 @@ class ProxyApp:
                 if not outcome.committed and outcome.failure is not None:
                     _raise_upstream(outcome.failure)
                 return
-            result = await route(
-                combo,
-                snapshot.providers,
-                runtime.store,
-                dispatch=dispatch,
-                now=_now_ms,
-                sleep=_sleep_ms,
-                rng=runtime.rng,
-                predicate=predicate,
-                quota_resets={k: gate.resets.get(p) for k, p in pairs.items() if p is not None},
-                on_cooldown=on_cooldown,
-            )
+            result = RouteResult()
+            try:
+                await route(
+                    combo,
+                    snapshot.providers,
+                    runtime.store,
+                    dispatch=dispatch,
+                    now=_now_ms,
+                    sleep=_sleep_ms,
+                    rng=runtime.rng,
+                    predicate=predicate,
+                    quota_resets={k: gate.resets.get(p) for k, p in pairs.items() if p is not None},
+                    on_cooldown=on_cooldown,
+                    result=result,
+                )
+            except asyncio.CancelledError:
+                # Client abort: the request log still gets the attempt it made (status 499).
+                _record_route(entry, result)
+                raise
         finally:
             for pair in gate.probes - used:
                 await runtime.tracker.release(pair, now=_now_ms())

@@ -90,11 +90,13 @@ async def route(
     predicate: Predicate | None = None,
     quota_resets: Mapping[str, int | None] | None = None,
     on_cooldown: Callable[[str, int, str], None] | None = None,
+    result: RouteResult | None = None,
 ) -> RouteResult:
     """Route one request through `combo`. `dispatch(target, is_last_chance)` is awaited at most
     once per target (plus the single-target retry); cancellation (client abort) propagates after
     the attempt is recorded, with no cooldown and no success counted."""
-    result = RouteResult()
+    # Filled in place, so a caller whose request is cancelled still has the trace so far.
+    result = RouteResult() if result is None else result
     attempted: set[str] = set()
     seen_skips: set[tuple[str, str]] = set()
     after_failure = False

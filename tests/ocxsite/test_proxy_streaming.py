@@ -367,6 +367,19 @@ def test_client_abort_before_commit_leaves_no_cooldown(server: Server, mock: Moc
     assert r.headers["x-ocx-target"] == "p1/abp"
     assert mock.hits("abp") == 2
     assert mock.hits("abp2") == 0
+    # The aborted request is logged as 499 with its one attempt (reference §4).
+    deadline = time.monotonic() + 5
+    while True:
+        rows = server.api.get("/api/requests", params={"combo": combo_id}).json()["requests"]
+        aborted = [row for row in rows if row["status"] == 499]
+        if aborted or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert len(aborted) == 1
+    assert aborted[0]["outcome"] == "client_cancelled"
+    assert [(a["target"], a["status"], a["outcome"]) for a in aborted[0]["attempts"]] == [
+        ("p1/abp", 499, "client_cancelled")
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
