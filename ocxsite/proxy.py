@@ -42,6 +42,7 @@ from ocxsite.access import CLIENT_PREFIX, KeyInfo, digest
 from ocxsite.requestlog import RequestEntry
 from ocxsite.runtime import Runtime, get_runtime
 from providers.upstream import Caller, attempt
+from providers.wire.commit import terminal_error_frame, truncation_failure
 from quota.windows import (
     credential_fingerprint,
     is_exhausted,
@@ -98,6 +99,10 @@ class Exchange:
         self.upstream_s = 0.0
         # The final body was sent: nothing more may follow (ASGI allows one end of body).
         self.done = False
+        # The serving attempt is over: a client leaving now must not cancel the bookkeeping.
+        self.upstream_done = False
+        self.protocol: Literal["responses", "chat"] = "responses"
+        self.streaming = False
         self.entry = RequestEntry(request_id=request_id, at=time.time())
         self._held: list[bytes] | None = None
 
@@ -184,6 +189,27 @@ class ProxyApp:
         except ClientGone:
             exchange.status = 499
             outcome = "client_cancelled"
+        except Exception:
+            # A bug or a state backend failure (Redis down): never a bare 500 and never a
+            # stream that ends as if complete.
+            log.exception("request %s failed inside ocx", request_id)
+            outcome = "internal_error"
+            if not exchange.started:
+                await exchange.respond(
+                    502,
+                    error_payload(
+                        502,
+                        "server_error",
+                        "internal_error",
+                        f"ocx could not complete the request (request id {request_id})",
+                    ),
+                )
+            elif exchange.streaming and not exchange.upstream_done:
+                await exchange.write(
+                    terminal_error_frame(
+                        exchange.protocol, truncation_failure("was interrupted inside ocx")
+                    )
+                )
         finally:
             if exchange.started:
                 try:
@@ -261,7 +287,8 @@ class ProxyApp:
         request = _parse_json(body)
         model = request.get("model")
         entry.requested_model = model if isinstance(model, str) else "?"
-        entry.stream = request.get("stream") is True
+        entry.stream = exchange.streaming = request.get("stream") is True
+        exchange.protocol = inbound
         if not isinstance(model, str) or not model.strip():
             raise HTTPFailure(
                 400,
@@ -281,7 +308,7 @@ class ProxyApp:
         # Watch for the client going away while we work: it cancels the upstream at once.
         task = asyncio.current_task()
         assert task is not None
-        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, task))
+        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, task, exchange))
         try:
             await self._route(snapshot, inbound, request, model, stream, headers, exchange, key)
         except asyncio.CancelledError:
@@ -413,6 +440,8 @@ class ProxyApp:
             finally:
                 elapsed = time.monotonic() - started
                 exchange.upstream_s += elapsed
+            if outcome.committed:
+                exchange.upstream_done = True
                 metrics.UPSTREAM_LATENCY.labels(provider.name).observe(elapsed)
             pair = pairs.get(target.key)
             if pair is not None:
@@ -699,9 +728,10 @@ def _parse_json(body: bytes) -> dict[str, Any]:
     return data
 
 
-async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any]) -> None:
+async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], exchange: Exchange) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            task.cancel()
+            if not exchange.upstream_done:
+                task.cancel()
             return

@@ -103,9 +103,13 @@ class Runtime:
                 if changed and isinstance(self.store, MemoryStateStore):
                     self.store.forget(combo_id)
             for name, provider in old.providers.items():
-                if snapshot.providers.get(name) != provider and name in self.clients:
-                    client = self.clients.pop(name)
-                    asyncio.get_running_loop().create_task(client.aclose())
+                new = snapshot.providers.get(name)
+                # The clients depend only on the timeouts; in-flight streams keep theirs until
+                # they end, so an old pool is closed only after its longest request could run.
+                if (new is None or new.timeouts != provider.timeouts) and name in self.clients:
+                    pool = self.clients.pop(name)
+                    grace_s = min(provider.timeouts.total_ms, 600_000) / 1000
+                    asyncio.get_running_loop().create_task(_close_later(pool, grace_s))
         self.snapshot = snapshot
 
     async def _poll_forever(self) -> None:
@@ -178,6 +182,11 @@ class Runtime:
             layer.group_send(EVENTS_GROUP, {"type": "ocx.event", "event": event})
         )
         task.add_done_callback(_log_failure)
+
+
+async def _close_later(pool: ClientPool, delay_s: float) -> None:
+    await asyncio.sleep(delay_s)
+    await pool.aclose()
 
 
 def _log_failure(task: asyncio.Task[object]) -> None:

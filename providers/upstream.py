@@ -300,11 +300,16 @@ async def attempt(
     payload = json.dumps(out_body, separators=(",", ":"), ensure_ascii=False).encode()
     t = provider.timeouts
     request = client.build_request("POST", url, headers=headers, content=payload)
+    # A stream must start within firstByteMs; a non-streaming answer arrives whole (headers
+    # included) when it is done, so it gets totalMs for everything (PRODUCT §3.1).
+    started = time.monotonic()
+    wait_s = (t.first_byte_ms if stream else t.total_ms) / 1000
     try:
-        async with asyncio.timeout(t.first_byte_ms / 1000):
+        async with asyncio.timeout(wait_s):
             resp = await client.send(request, stream=True)
     except TimeoutError:
-        return Outcome(False, Failure(transport="timeout_first_byte", message="no response"))
+        kind = "timeout_first_byte" if stream else "timeout_total"
+        return Outcome(False, Failure(transport=kind, message="no response"))
     except httpx.ConnectTimeout:
         return Outcome(False, Failure(transport="timeout_connect", message="connect timeout"))
     except httpx.ConnectError:
@@ -333,8 +338,9 @@ async def attempt(
         # `custom_tool_call` items (codex-wire §3.3).
         custom = chat.custom_tool_names(body) if inbound == "responses" else frozenset()
         if not stream:
+            left_ms = max(1, t.total_ms - int((time.monotonic() - started) * 1000))
             return await _non_stream(
-                resp, inbound, upstream, target, responder, caller, t.total_ms, custom
+                resp, inbound, upstream, target, responder, caller, left_ms, custom
             )
         return await _stream(
             resp, inbound, upstream, target, responder, caller, t.first_byte_ms, t.idle_ms, custom
@@ -376,15 +382,29 @@ async def _non_stream(
             False,
             Failure(status=502, transport="malformed", message="upstream sent malformed JSON"),
         )
+    if not isinstance(data, dict) or data.get("error") not in (None, {}):
+        # A 200 carrying an error (some gateways do this) or no object at all is a failed
+        # attempt, classified like any other upstream failure.
+        lowered = {k.lower(): v for k, v in resp.headers.items()}
+        return Outcome(False, failure_from_response(502, lowered, raw[:FAILURE_BODY_LIMIT]))
     if inbound != upstream:
-        translated = _translate_json(
-            inbound,
-            upstream,
-            data,
-            target.model,
-            caller.request_id.replace("-", ""),
-            custom_tools,
-        )
+        try:
+            translated = _translate_json(
+                inbound,
+                upstream,
+                data,
+                target.model,
+                caller.request_id.replace("-", ""),
+                custom_tools,
+            )
+        except (AttributeError, KeyError, TypeError, ValueError):
+            # A body of the right type but an unexpected shape: not an answer we can pass on.
+            return Outcome(
+                False,
+                Failure(
+                    status=502, transport="malformed", message="upstream sent an unexpected body"
+                ),
+            )
         raw = json.dumps(translated, separators=(",", ":"), ensure_ascii=False).encode()
     headers = [
         (b"content-type", b"application/json"),

@@ -15,6 +15,7 @@ from quota.tracker import Update
 T = TypeVar("T")
 TTL_MS = 8 * 24 * 3600 * 1000  # longer than a weekly window
 MAX_ATTEMPTS = 100
+MAX_LOCKS = 10_000
 
 _CAS = """
 local current = redis.call('GET', KEYS[1])
@@ -50,6 +51,9 @@ class RedisCas:
     ) -> T:
         """`fn(current raw value or None) -> (new value, None to delete, result)`; returning
         the unchanged value (or None for an absent key) writes nothing."""
+        if len(self._locks) > MAX_LOCKS:
+            # One lock per key ever seen would grow with every ChatGPT account: keep busy ones.
+            self._locks = {k: v for k, v in self._locks.items() if v.locked()}
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             for _ in range(MAX_ATTEMPTS):

@@ -131,6 +131,8 @@ class QuotaTracker:
         for pair, raw in zip(wanted, raws, strict=True):
             if raw is None:
                 continue
+            # Known from now on: this worker must fold the outcome in, even without windows.
+            self.known.add(pair)
             record = _load(pair, raw)
             gate.resets[pair] = qw.soonest_reset(record.windows, now=now)
             verdict: Verdict = qw.eligibility(record.state, now=now)

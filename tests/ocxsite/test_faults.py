@@ -196,11 +196,12 @@ def test_503_persistent_fallback_serves_and_primary_probed_once_per_cooldown(
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-def test_no_response_fails_over_after_first_byte_timeout(
-    server: Server, mock: Mock, stream: bool
-) -> None:
+def test_no_response_fails_over_after_its_bound(server: Server, mock: Mock, stream: bool) -> None:
+    # Streams must start within firstByteMs; a non-streaming answer gets totalMs in all
+    # (it arrives whole when done), so that is its bound for "no response at all".
     mock.script("nra", [{"no_response": True}])
     combo_id, headers = setup_combo(server, mock, [("p1", "nra"), ("p2", "nrb")])
+    bound_ms = TIMEOUTS["firstByteMs"] if stream else TIMEOUTS["totalMs"]
 
     started = time.monotonic()
     r = ask(server, combo_id, headers, stream=stream)
@@ -209,15 +210,14 @@ def test_no_response_fails_over_after_first_byte_timeout(
     assert r.status_code == 200, r.text
     assert r.headers["x-ocx-target"] == "p2/nrb"
     assert r.headers["x-ocx-attempts"] == "2"
-    # Well before the total limit (3 s) or any upstream giving up.
-    assert FIRST_BYTE_S - 0.05 <= elapsed < FIRST_BYTE_S + 1.0, elapsed
+    assert bound_ms / 1000 - 0.05 <= elapsed < bound_ms / 1000 + 1.0, elapsed
     (primary,) = mock.log("nra")
     (fallback,) = mock.log("nrb")
     waited = fallback["t_ms"] - primary["t_ms"]
-    assert TIMEOUTS["firstByteMs"] - 50 <= waited < TIMEOUTS["firstByteMs"] + 1000, waited
+    assert bound_ms - 50 <= waited < bound_ms + 1000, waited
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("stream", [True], ids=["sse"])
 def test_late_first_byte_hits_the_first_byte_limit(
     server: Server, mock: Mock, stream: bool
 ) -> None:
@@ -441,3 +441,49 @@ def test_content_filter_400_is_not_retried_anywhere(
     entry = logged(server, r.headers["x-ocx-request-id"])
     assert entry["status"] == 400
     assert [a["target"] for a in entry["attempts"]] == ["p1/cfa"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Review findings: answers that only look like answers, and config edits under load
+
+
+@pytest.mark.parametrize("adapter", ["openai-responses", "openai-chat"])
+def test_a_200_carrying_an_error_is_a_failed_attempt(
+    server: Server, mock: Mock, adapter: str
+) -> None:
+    # Some gateways answer HTTP 200 with {"error": …}: never passed on as a (empty) answer.
+    error = {"error": {"type": "server_error", "code": "upstream_error", "message": "overloaded"}}
+    mock.script("e2a", [{"status": 200, "body": error}])
+    combo_id, headers = setup_combo(
+        server, mock, [("p1", "e2a"), ("p2", "e2b")], adapters={"p1": adapter}
+    )
+    r = ask(server, combo_id, headers)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-ocx-target"] == "p2/e2b"
+    assert r.headers["x-ocx-attempts"] == "2"
+    assert r.json()["output"][0]["content"][0]["text"] == "mock reply from e2b"
+
+
+def test_editing_a_provider_does_not_cut_its_streams(server: Server, mock: Mock) -> None:
+    mock.script("ed1", [{"deltas": 12, "delta_ms": 100}])
+    combo_id, headers = setup_combo(server, mock, [("p1", "ed1"), ("p2", "ed2")])
+    body = {"model": f"combo/{combo_id}", "input": "hi", "stream": True}
+    with server.http.stream("POST", "/v1/responses", json=body, headers=headers) as r:
+        assert r.status_code == 200
+        chunks = r.iter_raw()
+        text = next(chunks)
+        # A metadata-only edit of the provider while its stream is running.
+        server.put_provider(
+            "p1",
+            {
+                "adapter": "openai-responses",
+                "baseUrl": mock.url + "/v1",
+                "apiKey": KEYS["p1"],
+                "timeouts": TIMEOUTS,
+                "models": {"ed1": {"contextWindow": 100000, "displayName": "Renamed"}},
+            },
+        )
+        text += b"".join(chunks)
+    events = kinds(sse_events(text.decode()))
+    assert events.count("response.completed") == 1
+    assert "response.failed" not in events

@@ -266,8 +266,12 @@ def test_first_byte_timeout_hops_and_cools(
     assert mock.hits("fb2") == 2
 
 
-def test_first_byte_timeout_non_stream(server: Server, mock: Mock) -> None:
-    mock.script("fbn", [{"delay_first_byte_ms": 1500}])
+def test_first_byte_limit_does_not_cut_a_slow_non_streaming_answer(
+    server: Server, mock: Mock
+) -> None:
+    # A non-streaming answer arrives whole when it is done: firstByteMs is a streaming
+    # bound, the non-streaming one is totalMs (PRODUCT §3.1).
+    mock.script("fbn", [{"delay_first_byte_ms": 900}])
     combo_id, key = setup_combo(server, mock, [("p1", "fbn"), ("p2", "fbn2")], first_byte_ms=400)
     r = server.http.post(
         "/v1/responses",
@@ -275,7 +279,8 @@ def test_first_byte_timeout_non_stream(server: Server, mock: Mock) -> None:
         headers={"Authorization": f"Bearer {key}"},
     )
     assert r.status_code == 200
-    assert r.headers["x-ocx-target"] == "p2/fbn2"
+    assert r.headers["x-ocx-target"] == "p1/fbn"
+    assert mock.hits("fbn2") == 0
 
 
 def test_first_byte_timeout_single_target_is_504(server: Server, mock: Mock) -> None:

@@ -1,0 +1,50 @@
+"""QuotaTracker on a shared store behaves the same whichever worker sees what."""
+
+from __future__ import annotations
+
+import asyncio
+
+from quota import windows as qw
+from quota.tracker import MemoryJsonStore, QuotaTracker
+
+PAIR = ("primary", "fp1")
+
+
+def _limit_window(now: int, reset_in: int) -> qw.Window:
+    return qw.Window(
+        name="five_hour",
+        used_percent=100.0,
+        window_minutes=300,
+        resets_at_ms=now + reset_in,
+        observed_at_ms=now,
+        source=qw.SOURCE_CODEX_HEADERS,
+    )
+
+
+def test_probe_success_on_a_worker_that_never_saw_the_credential_restores_it() -> None:
+    async def run() -> None:
+        store = MemoryJsonStore()  # shared by both "workers"
+        w1, w2 = QuotaTracker(store), QuotaTracker(store)
+        t = 1_000_000
+        await w1.ingest(PAIR, [_limit_window(t, 1000)], outcome="failure", now=t)
+        gate = await w2.gate([PAIR], now=t + 500, shared=True)
+        assert gate.reason(PAIR) == "quota_exhausted"
+        # After the reset worker 2 takes the single probe lease ...
+        gate = await w2.gate([PAIR], now=t + 1000, shared=True)
+        assert gate.reason(PAIR) is None and PAIR in gate.probes
+        # ... and its success without any quota header still completes the probe.
+        transition = await w2.ingest(PAIR, [], outcome="success", now=t + 1100)
+        assert transition is not None and transition.to_status == "available"
+        gate = await w1.gate([PAIR], now=t + 1200, shared=True)
+        assert gate.reason(PAIR) is None
+
+    asyncio.run(run())
+
+
+def test_unshared_tracker_skips_credentials_it_never_saw() -> None:
+    async def run() -> None:
+        tracker = QuotaTracker(MemoryJsonStore())
+        assert await tracker.ingest(PAIR, [], outcome="success", now=1) is None
+        assert await tracker.records() == {}
+
+    asyncio.run(run())
