@@ -118,15 +118,19 @@ class Runtime:
         while True:
             await asyncio.sleep(interval)
             try:
-                version, signature, keys = await sync_to_async(_poll, thread_sensitive=False)(
-                    signature
-                )
-                if self.snapshot is None or version != self.snapshot.version:
-                    snap, keys = await sync_to_async(_load, thread_sensitive=False)()
-                    self.apply(snap, keys)
-                    log.info("config version %s loaded", snap.version)
-                elif keys is not None:
-                    self.keys = keys
+                # Bounded: a stuck database call must not freeze the worker's view for good.
+                async with asyncio.timeout(max(5.0, 10 * interval)):
+                    version, seen, keys = await sync_to_async(_poll, thread_sensitive=False)(
+                        signature
+                    )
+                    if self.snapshot is None or version != self.snapshot.version:
+                        snap, keys = await sync_to_async(_load, thread_sensitive=False)()
+                        self.apply(snap, keys)
+                        log.info("config version %s loaded", snap.version)
+                    elif keys is not None:
+                        self.keys = keys
+                # Only once the keys it describes are in use: a failed load retries next time.
+                signature = seen
             except Exception:  # noqa: BLE001 - a failed poll keeps the last good snapshot
                 log.exception(
                     "config poll failed; keeping version %s",
