@@ -109,6 +109,12 @@ def config_version() -> int:
     return 0 if state is None else state.version
 
 
+def config_versions() -> tuple[int, int]:
+    """(config version, key-table version): the one row every worker polls."""
+    row = ConfigState.objects.filter(pk=1).values_list("version", "keys_version").first()
+    return (0, 0) if row is None else (row[0], row[1])
+
+
 def disabled_models() -> list[str]:
     state = ConfigState.objects.filter(pk=1).first()
     return [] if state is None else list(state.disabled_models)

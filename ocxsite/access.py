@@ -13,10 +13,11 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
-from django.db.models import Count, Max
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from ocxsite.models import ClientKey, ManagementToken
+from providers.services import keys_bump
 
 CLIENT_PREFIX = "ocx_"
 MGMT_PREFIX = "ocxm_"
@@ -62,17 +63,25 @@ def client_key_create(
 
 
 def client_key_revoke(*, key_id: int) -> bool:
-    return bool(
-        ClientKey.objects.filter(pk=key_id, revoked__isnull=True).update(revoked=timezone.now())
-    )
+    return client_keys_revoke(keys=ClientKey.objects.filter(pk=key_id)) == 1
 
 
-def client_keys_signature() -> tuple[object, ...]:
-    """Changes whenever the active key set or a key's limits change: one cheap query, so
-    workers reload the key map only when needed."""
-    active = ClientKey.objects.filter(revoked__isnull=True, user__is_active=True)
-    agg = active.aggregate(n=Count("id"), last_id=Max("id"), last_change=Max("updated"))
-    return (agg["n"], agg["last_id"], agg["last_change"])
+def client_keys_revoke(*, keys: QuerySet[ClientKey]) -> int:
+    """Revoke the unrevoked keys among `keys`; returns how many. An update sends no signal,
+    hence the explicit bump."""
+    with transaction.atomic():
+        count = keys.filter(revoked__isnull=True).update(revoked=timezone.now())
+        if count:
+            keys_bump()
+    return count
+
+
+def keys_changed(sender: object, **kwargs: object) -> None:
+    """Receiver for saves and deletes of client keys and users (connected in `apps.py`): bump
+    the key-table version so every worker reloads its key map within a poll interval."""
+    if kwargs.get("update_fields") == frozenset({"last_login"}):
+        return  # a login changes nothing the proxy reads
+    keys_bump()
 
 
 def client_keys_active() -> dict[str, KeyInfo]:

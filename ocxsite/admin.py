@@ -5,6 +5,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
+from ocxsite import access
 from ocxsite.models import ClientKey, ManagementToken, RequestLog
 
 
@@ -23,7 +24,7 @@ class ClientKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.action(description="Revoke selected keys")
     def revoke(self, request: HttpRequest, queryset: QuerySet[ClientKey]) -> None:
-        count = queryset.filter(revoked__isnull=True).update(revoked=timezone.now())
+        count = access.client_keys_revoke(keys=queryset)
         self.message_user(request, f"Revoked {count} key(s).", messages.SUCCESS)
 
 

@@ -9,3 +9,14 @@ class OcxsiteConfig(AppConfig):
     name = "ocxsite"
     verbose_name = "Access and request log"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django.conf import settings
+        from django.db.models.signals import post_delete, post_save
+
+        from ocxsite.access import keys_changed
+        from ocxsite.models import ClientKey
+
+        for model in (ClientKey, settings.AUTH_USER_MODEL):
+            post_save.connect(keys_changed, sender=model, dispatch_uid=f"keys-save-{model}")
+            post_delete.connect(keys_changed, sender=model, dispatch_uid=f"keys-del-{model}")

@@ -7,16 +7,38 @@ database can never delay a response.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from asgiref.sync import sync_to_async
+from django.db import Error as DbError
+from django.db import connection
 
 log = logging.getLogger("ocx.background")
 
 T = TypeVar("T")
+R = TypeVar("R")
+
+
+async def in_thread(fn: Callable[..., R], *args: object) -> R:
+    """Run a blocking ORM call in a worker thread, off the event loop.
+
+    No request cycle closes a background thread's connection, so it lives on between calls; one
+    that failed is closed here, so the next call reconnects instead of failing for good (a
+    restarted database server)."""
+
+    def call() -> R:
+        try:
+            return fn(*args)
+        except DbError:
+            with contextlib.suppress(DbError):  # the original error is the one to report
+                connection.close()
+            raise
+
+    return await sync_to_async(call, thread_sensitive=False)()
 
 
 class BatchWriter(Generic[T]):
@@ -68,7 +90,7 @@ class BatchWriter(Generic[T]):
 
     async def flush(self, batch: list[T]) -> None:
         try:
-            await sync_to_async(self._write, thread_sensitive=False)(batch)
+            await in_thread(self._write, batch)
             self.written += len(batch)
         except Exception:  # noqa: BLE001 - a failed write must never take the proxy down
             log.exception("%s: could not write %d item(s)", self.name, len(batch))

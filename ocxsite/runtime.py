@@ -1,6 +1,6 @@
 """Per-process routing runtime: the config snapshot, key cache, state store, HTTP clients.
 
-A background task polls the config version (and the key table) every OCX_CONFIG_POLL_MS,
+A background task polls the config version and the key-table version every OCX_CONFIG_POLL_MS,
 off the hot path; a change rebuilds the snapshot, clears the routing state of combos whose
 definition changed, and replaces the HTTP clients of providers whose definition changed.
 
@@ -17,7 +17,6 @@ import random
 from collections.abc import Mapping
 
 import httpx
-from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 
@@ -26,7 +25,7 @@ from combos.engine.state import MemoryStateStore, StateStore
 from combos.engine.types import ConfigSnapshot, ProviderSpec
 from ocxsite import access, metrics, requestlog
 from ocxsite.access import KeyInfo
-from ocxsite.background import BatchWriter
+from ocxsite.background import BatchWriter, in_thread
 from ocxsite.events import EVENTS_GROUP
 from ocxsite.ratelimit import MemoryLimiter, RedisLimiter
 from ocxsite.recall_store import MemoryRecall, RedisRecall
@@ -38,22 +37,24 @@ from quota.windows import Transition, Window, transition_message
 log = logging.getLogger("ocx.runtime")
 
 
-def _load() -> tuple[ConfigSnapshot, dict[str, KeyInfo]]:
-    return selectors.config_snapshot(), access.client_keys_active()
+def _load() -> tuple[int, ConfigSnapshot, dict[str, KeyInfo]]:
+    # The key version is read before the keys: a key write racing this load leaves the stored
+    # version past the one recorded here, so the next poll reloads (the counter never repeats).
+    _, keys_version = selectors.config_versions()
+    return keys_version, selectors.config_snapshot(), access.client_keys_active()
 
 
-def _poll(
-    known: tuple[object, ...] | None,
-) -> tuple[int, tuple[object, ...], dict[str, KeyInfo] | None]:
-    signature = access.client_keys_signature()
-    keys = None if signature == known else access.client_keys_active()
-    return selectors.config_version(), signature, keys
+def _poll(known_keys: int) -> tuple[int, int, dict[str, KeyInfo] | None]:
+    version, keys_version = selectors.config_versions()
+    keys = None if keys_version == known_keys else access.client_keys_active()
+    return version, keys_version, keys
 
 
 class Runtime:
     def __init__(self, store: StateStore | None = None) -> None:
         self.snapshot: ConfigSnapshot | None = None
         self.keys: Mapping[str, KeyInfo] = {}
+        self.keys_version = -1
         self.store: StateStore = store or _default_store()
         self.clients: dict[str, ClientPool] = {}
         self.rng = random.Random()
@@ -87,15 +88,17 @@ class Runtime:
             return snapshot
         async with self._lock:
             if self.snapshot is None:
-                snap, keys = await sync_to_async(_load, thread_sensitive=False)()
-                self.apply(snap, keys)
+                keys_version, snap, keys = await in_thread(_load)
+                self.apply(snap, keys, keys_version)
                 self._started = asyncio.get_running_loop().create_task(self._poll_forever())
         assert self.snapshot is not None
         return self.snapshot
 
-    def apply(self, snapshot: ConfigSnapshot, keys: Mapping[str, KeyInfo]) -> None:
+    def apply(
+        self, snapshot: ConfigSnapshot, keys: Mapping[str, KeyInfo], keys_version: int
+    ) -> None:
         old = self.snapshot
-        self.keys = keys
+        self.keys, self.keys_version = keys, keys_version
         if old is not None:
             for combo_id, spec in old.combos.items():
                 # A shared (Redis) store is reset once by the config write path instead.
@@ -112,25 +115,25 @@ class Runtime:
                     asyncio.get_running_loop().create_task(_close_later(pool, grace_s))
         self.snapshot = snapshot
 
+    async def refresh(self) -> None:
+        """One poll: reload the snapshot when the config version moved, the key map when the
+        key-table version moved."""
+        version, keys_version, keys = await in_thread(_poll, self.keys_version)
+        if self.snapshot is None or version != self.snapshot.version:
+            loaded_version, snap, loaded = await in_thread(_load)
+            self.apply(snap, loaded, loaded_version)
+            log.info("config version %s loaded", snap.version)
+        elif keys is not None:
+            self.keys, self.keys_version = keys, keys_version
+
     async def _poll_forever(self) -> None:
         interval = settings.OCX_CONFIG_POLL_MS / 1000
-        signature: tuple[object, ...] | None = None
         while True:
             await asyncio.sleep(interval)
             try:
                 # Bounded: a stuck database call must not freeze the worker's view for good.
                 async with asyncio.timeout(max(5.0, 10 * interval)):
-                    version, seen, keys = await sync_to_async(_poll, thread_sensitive=False)(
-                        signature
-                    )
-                    if self.snapshot is None or version != self.snapshot.version:
-                        snap, keys = await sync_to_async(_load, thread_sensitive=False)()
-                        self.apply(snap, keys)
-                        log.info("config version %s loaded", snap.version)
-                    elif keys is not None:
-                        self.keys = keys
-                # Only once the keys it describes are in use: a failed load retries next time.
-                signature = seen
+                    await self.refresh()
             except Exception:  # noqa: BLE001 - a failed poll keeps the last good snapshot
                 log.exception(
                     "config poll failed; keeping version %s",

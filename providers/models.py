@@ -54,6 +54,9 @@ class ConfigState(models.Model):
     """A single row: the config version every worker polls, and top-level settings."""
 
     version = models.PositiveBigIntegerField(default=0)
+    # Bumped by every change to client keys or their users; never repeats a value, so a worker
+    # that read it before loading its key map always notices a write that raced the load.
+    keys_version = models.PositiveBigIntegerField(default=0)
     disabled_models = models.JSONField(default=list, blank=True)
     updated = models.DateTimeField(auto_now=True)
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from django.apps import apps
 from django.db import transaction
+from django.db.models import F
 
 from combos.engine import validate
 from providers.errors import ConfigError
@@ -19,6 +20,12 @@ def config_bump() -> int:
     state.version += 1
     state.save(update_fields=["version", "updated"])
     return state.version
+
+
+def keys_bump() -> None:
+    """Increment the key-table version workers poll (inside the caller's transaction, if any)."""
+    ConfigState.objects.get_or_create(pk=1)
+    ConfigState.objects.filter(pk=1).update(keys_version=F("keys_version") + 1)
 
 
 def _combo_ids() -> list[str]:
