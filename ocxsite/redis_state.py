@@ -4,9 +4,10 @@ One Redis string per combo, `{prefix}:combo:{id}`, holds `ComboState.to_json()`.
 to Redis (no per-worker cache), so a cooldown, a half-open probe lease or a round-robin step
 written by one worker is seen by the next pick of any worker.
 
-`update` is an optimistic read-modify-write: GET the current value, apply the pure transition
-in Python, then a Lua compare-and-set writes the new value only if the key still holds exactly
-the value that was read (absent counts as a value); otherwise it re-reads and retries. Because the
+`update` is an optimistic read-modify-write (`quota.redis_store.RedisCas`): apply the pure
+transition in Python to the value last seen, then a Lua compare-and-set writes the new value
+only if the key still holds exactly that value (absent counts as a value); otherwise it retries
+with the value the script returned. Because the
 whole state is the value, comparing values is enough (an A→B→A change in between is harmless:
 the transition is applied to an identical state). Within one worker, updates of the same combo
 are serialised by an `asyncio.Lock`, so retries only happen between workers. Writes set a TTL
@@ -60,7 +61,9 @@ class RedisStateStore:
         return f"{self.prefix}:combo:{combo_id}"
 
     async def get(self, combo_id: str) -> ComboState:
-        return _decode(combo_id, await self._redis.get(self.key(combo_id)))
+        raw = await self._redis.get(self.key(combo_id))
+        self._cas.note(self.key(combo_id), raw)
+        return _decode(combo_id, raw)
 
     async def update(self, combo_id: str, fn: Callable[[ComboState], tuple[ComboState, T]]) -> T:
         def step(raw: bytes | None) -> tuple[str | None, T]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -17,24 +18,33 @@ TTL_MS = 8 * 24 * 3600 * 1000  # longer than a weekly window
 MAX_ATTEMPTS = 100
 MAX_LOCKS = 10_000
 
+# Writes ARGV[2] (or deletes, when empty) only if the key holds ARGV[1] ('' = absent); on a
+# mismatch returns the value it holds instead, so the caller retries without another GET.
 _CAS = """
 local current = redis.call('GET', KEYS[1])
 if current == false then current = '' end
-if current ~= ARGV[1] then return 0 end
+if current ~= ARGV[1] then return {0, current} end
+if ARGV[2] == ARGV[1] then return {1} end
 if ARGV[2] == '' then
   redis.call('DEL', KEYS[1])
 else
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 end
-return 1
+return {1}
 """
+_UNSEEN = object()
 
 
 class RedisCas:
-    """Optimistic read-modify-write of string values: GET, apply a pure function, then a Lua
-    compare-and-set writes only if the key still holds what was read; retry otherwise.
-    Within one process, updates of the same key wait for each other, so retries only
-    happen between workers."""
+    """Optimistic read-modify-write of string values: apply a pure function to the value, then a
+    Lua compare-and-set writes only if the key still holds that value; retry otherwise.
+
+    The first try applies the function to the value this process last read or wrote for the
+    key — a guess, never trusted: the compare-and-set checks it, and on a mismatch hands back
+    the real value to retry with. So an update is one round trip when no other worker wrote
+    in between, and a decision is always made on the value the write was checked against.
+    Within one process, updates of the same key wait for each other, so retries only happen
+    between workers."""
 
     def __init__(self, url: str, *, socket_timeout: float = 5.0) -> None:
         self.redis = aioredis.Redis.from_url(
@@ -45,6 +55,13 @@ class RedisCas:
         )
         self._cas = self.redis.register_script(_CAS)
         self._locks: dict[str, asyncio.Lock] = {}
+        self._seen: dict[str, bytes | None] = {}
+
+    def note(self, key: str, raw: bytes | str | None) -> None:
+        """Remember a value just read from Redis (the next update's first guess)."""
+        if len(self._seen) > MAX_LOCKS:
+            self._seen.clear()  # only guesses: losing them costs one GET each
+        self._seen[key] = raw.encode() if isinstance(raw, str) else raw
 
     async def update(
         self, key: str, fn: Callable[[bytes | None], tuple[str | None, T]], *, ttl_ms: int
@@ -54,17 +71,28 @@ class RedisCas:
         if len(self._locks) > MAX_LOCKS:
             # One lock per key ever seen would grow with every ChatGPT account: keep busy ones.
             self._locks = {k: v for k, v in self._locks.items() if v.locked()}
+            self._seen = {k: v for k, v in self._seen.items() if k in self._locks}
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
-            for _ in range(MAX_ATTEMPTS):
+            raw = self._seen.get(key, _UNSEEN)
+            if raw is _UNSEEN:
                 value = await self.redis.get(key)
                 raw = value.encode() if isinstance(value, str) else value
+            for attempt in range(MAX_ATTEMPTS):
+                if attempt > 1:
+                    # A worker whose guesses are right wins every race against one that must
+                    # learn the value first; a random pause breaks that lockstep.
+                    await asyncio.sleep(random.uniform(0, 0.001) * min(attempt, 10))
+                assert raw is None or isinstance(raw, bytes)
                 new, result = fn(raw)
-                current = None if raw is None else raw.decode()
-                if new == current:
+                expected = b"" if raw is None else raw
+                reply = await self._cas(keys=[key], args=[expected, new or "", ttl_ms])
+                if reply[0] == 1:
+                    self._seen[key] = None if new is None else new.encode()
                     return result
-                if await self._cas(keys=[key], args=[raw or b"", new or "", ttl_ms]):
-                    return result
+                held = reply[1]
+                raw = (held.encode() if isinstance(held, str) else held) or None
+                self._seen[key] = raw
         raise ConflictError(f"{key} is too contended")
 
 
@@ -94,7 +122,10 @@ class RedisJsonStore:
     async def get_many(self, keys: list[str]) -> list[dict[str, Any] | None]:
         if not keys:
             return []
-        raws = await self._redis.mget([self._k(k) for k in keys])
+        names = [self._k(k) for k in keys]
+        raws = await self._redis.mget(names)
+        for name, raw in zip(names, raws, strict=True):
+            self._cas.note(name, raw)
         return [self._decode(r) for r in raws]
 
     async def update(self, key: str, fn: Update[T]) -> T:

@@ -148,7 +148,12 @@ async def route(
             raise
         elapsed = now() - started
         if outcome.committed and outcome.failure is None:
-            await store.update(combo.id, _succeeded(combo, key))
+            # A success that changes nothing in the state this pick saw (a healthy failover
+            # target) is not written: one store round trip less per request. A cooldown another
+            # worker set meanwhile then stays until it ends, the conservative way round.
+            seen = selection.state
+            if seen is None or st.note_success(seen, combo, key) != seen:
+                await store.update(combo.id, _succeeded(combo, key))
             result.attempts.append(AttemptRecord(key, outcome.status, "served", "", None, elapsed))
             result.served = target
             result.usage = outcome.usage

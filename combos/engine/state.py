@@ -150,7 +150,8 @@ def retain(state: ComboState, combo: ComboSpec) -> ComboState:
 
 
 def note_success(state: ComboState, combo: ComboSpec, key: str) -> ComboState:
-    """A target served a request: it is healthy again, stickiness and least-used count it."""
+    """A target served a request: it is healthy again, stickiness counts it, and so does
+    least-used (only least-used reads the counts; a strategy change resets the state anyway)."""
     if key not in _keys(combo):
         return state
     state = retain(state, combo)
@@ -165,7 +166,11 @@ def note_success(state: ComboState, combo: ComboSpec, key: str) -> ComboState:
         probes=_without(state.probes, key),
         active_key=active,
         successes=successes,
-        success_counts=_with(state.success_counts, key, state.success_counts.get(key, 0) + 1),
+        success_counts=(
+            _with(state.success_counts, key, state.success_counts.get(key, 0) + 1)
+            if combo.strategy == "least-used"
+            else state.success_counts
+        ),
     )
 
 

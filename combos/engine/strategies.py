@@ -76,7 +76,8 @@ class Selection:
     `combo_unavailable` on the first pick (with `retry_after_seconds(retry_at, now)`), else the
     last upstream failure. `probe`: this request holds the half-open lease of `target` (pass it to
     `note_abort`). `single_target_retry`: this dispatch uses the one same-target retry (§2.8).
-    `notes`: the warnings logged while waiting."""
+    `notes`: the warnings logged while waiting. `state`: the routing state as this pick left
+    it (None when nothing was picked)."""
 
     target: TargetSpec | None
     skipped: tuple[tuple[str, str], ...]
@@ -85,6 +86,7 @@ class Selection:
     probe: bool = False
     single_target_retry: bool = False
     notes: tuple[str, ...] = ()
+    state: ComboState | None = None
 
 
 def policy_active(combo: ComboSpec) -> bool:
@@ -432,9 +434,11 @@ async def select(
     waited = 0
     notes: list[str] = []
 
-    async def run(spec: ComboSpec, at: int, budget_ms: int, decline: bool) -> Plan:
-        def step(state: ComboState) -> tuple[ComboState, Plan]:
-            return plan(
+    async def run(
+        spec: ComboSpec, at: int, budget_ms: int, decline: bool
+    ) -> tuple[Plan, ComboState]:
+        def step(state: ComboState) -> tuple[ComboState, tuple[Plan, ComboState]]:
+            new, chosen = plan(
                 spec,
                 providers,
                 state,
@@ -448,10 +452,11 @@ async def select(
                 decline_last_resort=decline,
                 probe_lease_ms=probe_lease_ms,
             )
+            return new, (chosen, new)
 
         return await store.update(spec.id, step)
 
-    def done(result: Plan) -> Selection:
+    def done(result: Plan, state: ComboState | None = None) -> Selection:
         return Selection(
             target=result.target,
             skipped=result.skipped,
@@ -460,18 +465,19 @@ async def select(
             probe=result.probe,
             single_target_retry=result.single_target_retry,
             notes=tuple(notes),
+            state=state if result.target is not None else None,
         )
 
     if after_failure:
-        hop = await run(combo, now(), 0, True)
+        hop, state = await run(combo, now(), 0, True)
         if hop.target is not None:
-            return done(hop)
+            return done(hop, state)
     final = False
     while True:
         started = now()
-        result = await run(combo, started, 0 if final else budget, False)
+        result, state = await run(combo, started, 0 if final else budget, False)
         if result.wait_ms <= 0:
-            return done(result)
+            return done(result, state)
         if result.deferring:
             note = (
                 f"[combo] {combo.id}: deferring last resort, "

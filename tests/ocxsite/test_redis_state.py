@@ -6,7 +6,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -26,7 +26,7 @@ A, B = "pa/ma", "pb/mb"
 AB = ComboSpec(
     id="main",
     targets=(TargetSpec("pa", "ma"), TargetSpec("pb", "mb")),
-    strategy="round-robin",
+    strategy="least-used",  # the one strategy whose successes change the state
 )
 
 
@@ -224,3 +224,39 @@ def test_combo_state_clear_deletes_only_the_named_combos(settings: object) -> No
     finally:
         client.delete(f"{prefix}:combo:b")
         client.close()
+
+
+def test_an_uncontended_update_is_one_round_trip_and_a_stale_guess_is_corrected() -> None:
+    """The compare-and-set starts from the value this worker last saw; another worker's write
+    in between costs one retry, never a lost update."""
+
+    async def body(prefix: str) -> None:
+        mine = RedisStateStore(REDIS_URL or "", prefix)
+        other = RedisStateStore(REDIS_URL or "", prefix)
+        sent: list[str] = []
+        real = mine._redis.execute_command
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            sent.append(str(args[0]))
+            return await real(*args, **kwargs)
+
+        mine._redis.execute_command = counted  # type: ignore[method-assign]
+
+        def bump(s: ComboState) -> tuple[ComboState, int]:
+            new = note_success(s, AB, A)
+            return new, new.success_counts[A]
+
+        try:
+            await mine.get("main")
+            assert await mine.update("main", bump) == 1
+            assert await mine.update("main", bump) == 2
+            assert sent == ["GET", "EVALSHA", "EVALSHA"]
+            sent.clear()
+            assert await other.update("main", bump) == 3
+            assert await mine.update("main", bump) == 4  # its guess said 2: retried on 3
+            assert sent == ["EVALSHA", "EVALSHA"]
+        finally:
+            await mine.aclose()
+            await other.aclose()
+
+    run(body)

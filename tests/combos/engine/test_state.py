@@ -42,12 +42,15 @@ def sync(coro: Coroutine[Any, Any, R]) -> R:
     raise AssertionError("a MemoryStateStore coroutine suspended")
 
 
-def combo(*keys: str, sticky: int = 1, cid: str = "main") -> ComboSpec:
+def combo(
+    *keys: str, sticky: int = 1, cid: str = "main", strategy: str = "round-robin"
+) -> ComboSpec:
     targets = tuple(TargetSpec(k.split("/")[0], k.split("/")[1]) for k in keys)
-    return ComboSpec(id=cid, targets=targets, strategy="round-robin", sticky_limit=sticky)
+    return ComboSpec(id=cid, targets=targets, strategy=strategy, sticky_limit=sticky)
 
 
 ABC = combo(A, B, C)
+LEAST = combo(A, B, C, strategy="least-used")
 
 
 def st_of(**kw: object) -> ComboState:
@@ -128,14 +131,23 @@ def test_note_success_stickiness(
     s = st_of(active_key=A, successes=successes_before)
     out = note_success(s, combo(A, B, sticky=sticky), A)
     assert (out.active_key, out.successes) == (active_after, successes_after)
-    assert out.success_counts == {A: 1}
+    assert out.success_counts == {}  # only least-used reads the counts
 
 
-def test_note_success_of_non_sticky_target_counts_only_least_used() -> None:
+def test_note_success_of_non_sticky_target_keeps_the_batch() -> None:
     s = st_of(active_key=A, successes=1, success_counts={B: 2})
     out = note_success(s, combo(A, B, sticky=3), B)
     assert (out.active_key, out.successes) == (A, 1)
-    assert out.success_counts == {B: 3}
+    assert out.success_counts == {B: 2}
+
+
+@pytest.mark.parametrize("strategy", ["failover", "round-robin", "random", "reset-window"])
+def test_only_least_used_counts_successes(strategy: str) -> None:
+    s = st_of(success_counts={B: 2})
+    assert note_success(s, LEAST, B).success_counts == {B: 3}
+    assert note_success(s, LEAST, A).success_counts == {A: 1, B: 2}
+    other = combo(A, B, C, strategy=strategy)
+    assert note_success(s, other, B) == s
 
 
 def test_note_success_heals_half_open_target() -> None:
@@ -251,7 +263,7 @@ def test_memory_store_update_get_clear() -> None:
     assert result == "done"
     assert sync(store.get("x")).cooldowns == {A: 5_000}
     assert sync(store.get("y")) == ComboState()  # other combos unaffected
-    sync(store.update("y", lambda s: (note_success(s, ABC, B), None)))
+    sync(store.update("y", lambda s: (note_success(s, LEAST, B), None)))
     sync(store.clear("x"))
     assert sync(store.get("x")) == ComboState()
     assert sync(store.get("y")).success_counts == {B: 1}
@@ -260,7 +272,7 @@ def test_memory_store_update_get_clear() -> None:
 def test_memory_store_update_sees_previous_write() -> None:
     store = MemoryStateStore()
     for _ in range(3):
-        sync(store.update("x", lambda s: (note_success(s, ABC, A), None)))
+        sync(store.update("x", lambda s: (note_success(s, LEAST, A), None)))
     seen = sync(store.update("x", lambda s: (s, s.success_counts.get(A))))
     assert seen == 3
 
@@ -271,7 +283,7 @@ def test_memory_store_concurrent_updates_are_atomic() -> None:
 
     async def bump() -> None:
         await asyncio.sleep(0)
-        await store.update("x", lambda s: (note_success(s, ABC, A), None))
+        await store.update("x", lambda s: (note_success(s, LEAST, A), None))
 
     async def run() -> int | None:
         await asyncio.gather(*(bump() for _ in range(200)))
