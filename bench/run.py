@@ -16,8 +16,8 @@ After the matrix:
 * 64 concurrent *paced* streams (10 ms between events) for peak RSS and CPU per stream;
 * unless --no-profile: py-spy profiles of the ocx worker (collapsed stacks + a top list)
   under bench/results/.
-Results: bench/results/raw/<stamp>.json (full), bench/results/<date>.json (same) and
-bench/results/<date>.md (the tables pasted into bench/README.md). Every process started here
+Results: bench/results/raw/<stamp>.json (full), bench/results/<date>.json (same; <stamp>.json
+when that file exists already) and bench/results/<date>.md (the tables pasted into bench/README.md). Every process started here
 is stopped on exit (its own process group), also on Ctrl-C.
 """
 
@@ -914,7 +914,9 @@ def main(argv: list[str] | None = None) -> int:
         "daphne (ocx-bare), uvicorn (ocx-uvicorn). Default: both when uvicorn is installed",
     )
     p.add_argument(
-        "--out", default=None, help="result JSON path (default bench/results/<date>.json)"
+        "--out",
+        default=None,
+        help="result JSON path (default bench/results/<date>.json, or <date>T<time>.json when taken)",
     )
     p.add_argument(
         "--phases",
@@ -1074,6 +1076,8 @@ def main(argv: list[str] | None = None) -> int:
     res["targets_check"] = verdict
     date = dt.date.today().isoformat()
     out = Path(args.out) if args.out else RESULTS / f"{date}{'-quick' if args.quick else ''}.json"
+    if out.exists() and not args.out:
+        out = RESULTS / f"{stamp}{'-quick' if args.quick else ''}.json"  # never overwrite a run
     text = json.dumps(res, indent=1)
     (RAW / f"{stamp}.json").write_text(text)
     out.write_text(text)

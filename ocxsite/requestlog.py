@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
@@ -46,7 +46,9 @@ def write_entries(entries: list[RequestEntry]) -> None:
     global _last_retention
     rows = []
     for e in entries:
-        data = asdict(e)
+        # A shallow copy: entries are never touched once queued (`asdict` deep-copies, a third
+        # of this function's time).
+        data = dict(vars(e))
         data["at"] = dt.datetime.fromtimestamp(e.at, tz=dt.UTC)
         rows.append(RequestLog(**data))
     RequestLog.objects.bulk_create(rows)

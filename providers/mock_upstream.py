@@ -61,6 +61,7 @@ BEHAVIOUR_KEYS = frozenset(
         "reset",
         "malformed_after_events",
         "omit_done",
+        "split_events",
         "deltas",
         "delta_ms",
         "usage",
@@ -106,6 +107,8 @@ def validate_behaviour(behaviour: object) -> JSON:
             raise BehaviourError(f"{key} must be an object")
     if "usage_limit" in behaviour and not isinstance(behaviour["usage_limit"], dict | bool):
         raise BehaviourError("usage_limit must be true or an object")
+    if "split_events" in behaviour and not isinstance(behaviour["split_events"], bool):
+        raise BehaviourError("split_events must be true or false")
     return behaviour
 
 
@@ -1206,7 +1209,8 @@ class _Handler:
         delta_ms = int(behaviour.get("delta_ms", 0))
         if malformed is not None:
             events = [*events[:malformed], b"data: {not json\n\n", *events[malformed:]]
-        simple = cut is None and stall is None and delta_ms == 0
+        split = bool(behaviour.get("split_events"))
+        simple = cut is None and stall is None and delta_ms == 0 and not split
         if simple:
             # Fast path: the whole stream in one write.
             writer.write(_head(200, headers, ka) + b"".join(map(_chunk, events)) + b"0\r\n\r\n")
@@ -1214,6 +1218,8 @@ class _Handler:
         writer.write(_head(200, headers, ka))
         for i, event in enumerate(events):
             if i == cut:
+                if split:
+                    writer.write(_chunk(event[: len(event) // 2]))  # closes mid-frame
                 await writer.drain()
                 raise _Close
             if i == stall:
@@ -1222,7 +1228,14 @@ class _Handler:
             elif i and delta_ms:
                 await writer.drain()
                 await _sleep_ms(delta_ms)
-            writer.write(_chunk(event))
+            if split:
+                # Each frame in two reads, so the client must reassemble frames across reads.
+                writer.write(_chunk(event[: len(event) // 2]))
+                await writer.drain()
+                await _sleep_ms(2)
+                writer.write(_chunk(event[len(event) // 2 :]))
+            else:
+                writer.write(_chunk(event))
         if cut is not None and cut >= len(events):
             await writer.drain()
             raise _Close

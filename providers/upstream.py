@@ -429,6 +429,27 @@ async def _non_stream(
 _COMMITTING = (EventClass.OUTPUT, EventClass.COMPLETED, EventClass.INCOMPLETE, EventClass.FINISH)
 
 
+def _frames(events: tuple[SSEEvent, ...]) -> bytes:
+    """The exact bytes of complete frames. Pass-through forwards these rather than the chunks
+    as read, so a frame split across reads is sent whole or not at all: never half a frame that
+    turns out malformed, or that an appended terminal error would run into."""
+    return b"".join(e.raw for e in events)
+
+
+def _last_frame(events: tuple[SSEEvent, ...]) -> bytes:
+    """A final frame the upstream did not terminate (`finish()`): forwarded with its blank line
+    (a client drops an unterminated event at end of stream), unless its data is malformed."""
+    if not events or _malformed_at(events) is not None:
+        return b""
+    data = _frames(events)
+    if data.endswith((b"\n\n", b"\r\n\r\n", b"\r\r")):
+        return data
+    for ending in (b"\r\n", b"\n", b"\r"):
+        if data.endswith(ending):
+            return data + ending
+    return data + b"\n\n"
+
+
 def _malformed_at(events: tuple[SSEEvent, ...]) -> int | None:
     """Index of the first frame whose data is not JSON (`[DONE]` aside), else None."""
     for i, event in enumerate(events):
@@ -509,8 +530,7 @@ async def _stream(
                 # client gets what preceded it, then an explicit terminal error (PRODUCT §5.4).
                 good = decision.events[:bad]
                 if translator is None:
-                    cut = chunk.find(decision.events[bad].raw)
-                    data = chunk[:cut] if cut >= 0 else b"\n\n"
+                    data = _frames(good)
                 else:
                     data = b"".join(translator.feed_event(e) for e in good)
                 if not committed:
@@ -531,7 +551,7 @@ async def _stream(
                 broken = truncation_failure("sent malformed stream data")
                 break
             data = (
-                chunk
+                _frames(decision.events)
                 if translator is None
                 else b"".join(translator.feed_event(e) for e in decision.events)
             )
@@ -566,7 +586,7 @@ async def _stream(
             # The stream completed without visible output (e.g. an empty answer): commit it.
             committed = True
             tail = (
-                b""
+                _last_frame(decision.events)
                 if translator is None
                 else b"".join(translator.feed_event(e) for e in decision.events)
             )
@@ -574,6 +594,8 @@ async def _stream(
             await responder.write(b"".join(pending) + tail)
         elif translator is not None and decision.events:
             await responder.write(b"".join(translator.feed_event(e) for e in decision.events))
+        elif decision.events:
+            await responder.write(_last_frame(decision.events))
         end = scanner.end_state()
         if end is EndState.TRUNCATED or end is EndState.OPEN:
             broken = truncation_failure("stream ended before completion")

@@ -420,6 +420,9 @@ def windows_from_headers(headers: Mapping[str, str], *, now: int) -> list[Window
     Codex credits headers are ignored (``has-credits: false`` is normal for subscription plans).
     """
     h = _lower(headers)
+    # Most responses carry none of these: one pass over the names settles it.
+    if not any("ratelimit" in name or name.endswith("used-percent") for name in h):
+        return []
     return _codex_windows(h, now=now) + _anthropic_windows(h, now=now) + _openai_windows(h, now=now)
 
 

@@ -22,8 +22,12 @@ from combos.engine.types import ComboSpec
 T = TypeVar("T")
 
 
+_EMPTY: Mapping[str, int] = MappingProxyType({})
+
+
 def _frozen(values: Mapping[str, int] | None = None) -> Mapping[str, int]:
-    return MappingProxyType(dict(values or {}))
+    # Read-only, so every empty mapping can be the same one (built per request otherwise).
+    return MappingProxyType(dict(values)) if values else _EMPTY
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,24 @@ def test_malformed_json(
     assert assert_client_error(r, 400, mock)["code"] == "invalid_json"
 
 
+@pytest.mark.parametrize(
+    "content_type",
+    ["multipart/form-data; boundary=zz", "application/x-www-form-urlencoded"],
+)
+def test_a_form_content_type_reaches_ocx_not_the_server_form_parser(
+    server: Server, mock: Mock, routed: tuple[str, dict[str, str]], content_type: str
+) -> None:
+    # Twisted would decode the body as a form first and answer a malformed multipart body
+    # with its own HTML 400 (ocxsite.daphne_main switches that parsing off).
+    _, headers = routed
+    r = server.http.post(
+        "/v1/chat/completions",
+        content=b"not a form",
+        headers={**headers, "content-type": content_type},
+    )
+    assert assert_client_error(r, 400, mock)["code"] == "invalid_json"
+
+
 @pytest.mark.parametrize("raw", [b"[1, 2]", b'"combo/x"', b"42", b"null", b"true"])
 def test_non_object_json(
     server: Server, mock: Mock, routed: tuple[str, dict[str, str]], raw: bytes

@@ -206,6 +206,66 @@ def test_malformed_chunk_after_output_chat(server: Server, mock: Mock) -> None:
     assert mock.hits("malc2") == 0
 
 
+def whole_frames(text: str) -> list[Any]:
+    """The client's frames, each of which must parse: no half frame was forwarded and nothing
+    (an appended terminal error included) ran into one."""
+    assert "{not json" not in text
+    out = []
+    for _, data in sse_events(text):
+        assert data == "[DONE]" or isinstance(data, dict), data
+        out.append(data)
+    return out
+
+
+def split_stream(
+    server: Server, mock: Mock, api: str, behaviour: dict[str, Any]
+) -> tuple[httpx.Response, list[Any]]:
+    """One pass-through stream whose every frame the mock sends in two reads."""
+    model = f"split{api}{uuid.uuid4().hex[:6]}"
+    mock.script(model, [{"split_events": True, "deltas": 4, **behaviour}])
+    combo_id, key = setup_combo(
+        server, mock, [("p1", model)], adapters={"p1": "openai-chat"} if api == "chat" else None
+    )
+    call = stream_chat if api == "chat" else stream_responses
+    r = call(server, f"combo/{combo_id}", key)
+    assert r.status_code == 200
+    return r, whole_frames(r.text)
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_frames_split_across_reads_pass_through_whole(server: Server, mock: Mock, api: str) -> None:
+    r, frames = split_stream(server, mock, api, {})
+    if api == "chat":
+        assert frames[-1] == "[DONE]"
+    else:
+        assert frames[-1]["type"] == "response.completed"
+    assert len(frames) >= 6
+
+
+@pytest.mark.parametrize(("api", "after"), [("responses", 5), ("chat", 2)])
+def test_a_malformed_frame_split_across_reads_never_reaches_the_client(
+    server: Server, mock: Mock, api: str, after: int
+) -> None:
+    r, frames = split_stream(server, mock, api, {"malformed_after_events": after})
+    if api == "chat":
+        assert_chat_failed(r.text)
+    else:
+        assert_responses_failed(sse_events(r.text))
+    assert len(frames) == after + 1  # what preceded it, then the terminal error
+
+
+@pytest.mark.parametrize(("api", "after"), [("responses", 6), ("chat", 3)])
+def test_a_stream_cut_mid_frame_forwards_no_half_frame(
+    server: Server, mock: Mock, api: str, after: int
+) -> None:
+    r, frames = split_stream(server, mock, api, {"cut_after_events": after})
+    if api == "chat":
+        assert_chat_failed(r.text)
+    else:
+        assert_responses_failed(sse_events(r.text))
+    assert len(frames) == after + 1
+
+
 def test_chat_stream_missing_done(server: Server, mock: Mock) -> None:
     mock.script("nodone", [{"omit_done": True}])
     combo_id, key = setup_combo(server, mock, [("p1", "nodone")], adapters={"p1": "openai-chat"})

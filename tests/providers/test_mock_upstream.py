@@ -388,6 +388,24 @@ async def test_invalid_script_rejected(mock: Mock) -> None:
     assert ok.status_code == 200
 
 
+async def test_split_events_sends_each_frame_in_two_reads(mock: Mock) -> None:
+    r = await mock.client.post(
+        "/_mock/script", json={"model": "m1", "steps": [{"split_events": 1}]}
+    )
+    assert r.status_code == 400 and "split_events" in r.json()["error"]
+    _, whole = await stream_text(mock, "/v1/responses", responses_body())
+    await mock.script("m1", [{"split_events": True}])
+    reads: list[bytes] = []
+    async with mock.client.stream("POST", "/v1/responses", json=responses_body()) as resp:
+        async for chunk in resp.aiter_raw():
+            reads.append(chunk)
+    body = b"".join(reads)
+    # The same frames (ids and timestamps aside), and reads that end inside a frame (one such
+    # read is enough: a loaded machine may join the two halves of some frames).
+    assert len(sse_events(body.decode())) == len(sse_events(whole))
+    assert not all(chunk.endswith(b"\n\n") for chunk in reads)
+
+
 # ---------------------------------------------------------------------------------- faults
 
 
