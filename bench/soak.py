@@ -1,6 +1,6 @@
 """Soak test: ocx `--workers 2` sharing Redis, mixed traffic, random mock faults.
 
-    python bench/soak.py [--minutes 10] [--concurrency 12] [--out bench/results/soak-DATE.md]
+    python bench/soak.py [--minutes 10] [--warmup-s 60] [--concurrency 12] [--out FILE.md]
 
 Starts (127.0.0.1 only) the mock upstream and `ocx serve --workers 2` with REDIS_URL, two chat
 targets `mock/a` (primary, ~15 % of its attempts get a fault) and `mock/b` (secondary, ~5 %),
@@ -20,8 +20,9 @@ so each client outcome is joined with the mock's attempt log:
   healthy attempts upstream);
 * truncated-as-success: a 200 that ended cleanly but without the terminal event (or with
   unparseable JSON) and without an error event — the thing ocx must never do.
-At the end: RSS per worker at start/end, open fds, upstream connections held, and the longest
-request against the configured bounds.
+At the end: RSS per worker at start (taken after --warmup-s seconds of the same traffic, so
+the growth is the steady state's, not first-use allocations) and end, open fds, upstream
+connections held, and the longest request against the configured bounds.
 """
 
 from __future__ import annotations
@@ -395,14 +396,16 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             ],
         )
 
-    # warm-up with healthy upstreams, then take the starting RSS
+    # Warm-up: healthy upstreams first, then --warmup-s of the same mixed, faulty traffic as the
+    # measured part (every route, protocol and error path has run once), then the starting RSS.
     post_json(f"{mock_base}/_mock/script", {"model": "*", "steps": [], "then": {"deltas": 8}})
     await asyncio.gather(
         *(one("127.0.0.1", port, key, "chat", s, "combo/soak", False) for s in (True, False) * 20)
     )
-    rss_start = {p: bench.rss_bytes([p]) for p in workers}
-    fds_start = {p: fd_count(p) for p in workers}
     rescript()
+    weights = [w for w, *_ in MIX]
+    warm_outcomes: list[Outcome] = []
+    warm_until = time.monotonic() + args.warmup_s
 
     attempts: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
     last_seq = [0]
@@ -421,10 +424,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                 )
 
     outcomes: list[Outcome] = []
-    stop_at = time.monotonic() + args.minutes * 60
-    weights = [w for w, *_ in MIX]
 
-    async def client(i: int) -> None:
+    async def client(i: int, stop_at: float, sink: list[Outcome]) -> None:
         crng = random.Random(args.seed * 1000 + i)
         while time.monotonic() < stop_at:
             _, api, stream, model = crng.choices(MIX, weights)[0]
@@ -436,11 +437,11 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             except TimeoutError:
                 o = Outcome(api, stream, model)
                 o.error, o.elapsed = "client_timeout", CLIENT_TIMEOUT_S
-            outcomes.append(o)
+            sink.append(o)
             # a polite client backs off when told the targets are cooling down
             await asyncio.sleep(0.25 if o.status in (429, 503) else crng.random() * 0.02)
 
-    async def housekeeping() -> None:
+    async def housekeeping(stop_at: float) -> None:
         n = 0
         while time.monotonic() < stop_at:
             await asyncio.sleep(2)
@@ -450,7 +451,20 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.to_thread(rescript)
                 bench.log(f"soak: {len(outcomes)} requests so far")
 
-    await asyncio.gather(housekeeping(), *(client(i) for i in range(args.concurrency)))
+    if args.warmup_s > 0:
+        await asyncio.gather(
+            housekeeping(warm_until),
+            *(client(i, warm_until, warm_outcomes) for i in range(args.concurrency)),
+        )
+        bench.log(f"soak: warm-up done ({len(warm_outcomes)} requests, not counted)")
+        await asyncio.to_thread(pull_log)
+        attempts.clear()
+    rss_start = {p: bench.rss_bytes([p]) for p in workers}
+    fds_start = {p: fd_count(p) for p in workers}
+    stop_at = time.monotonic() + args.minutes * 60
+    await asyncio.gather(
+        housekeeping(stop_at), *(client(i, stop_at, outcomes) for i in range(args.concurrency))
+    )
     post_json(f"{mock_base}/_mock/script", {"model": "*", "steps": [], "then": {"deltas": 8}})
     post_json(
         f"{mock_base}/_mock/script",
@@ -642,6 +656,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--concurrency", type=int, default=12)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--warmup-s",
+        type=float,
+        default=60.0,
+        help="seconds of the same traffic before the starting RSS is taken (not counted)",
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     import atexit

@@ -242,28 +242,24 @@ def test_frames_split_across_reads_pass_through_whole(server: Server, mock: Mock
     assert len(frames) >= 6
 
 
-@pytest.mark.parametrize(("api", "after"), [("responses", 5), ("chat", 2)])
-def test_a_malformed_frame_split_across_reads_never_reaches_the_client(
-    server: Server, mock: Mock, api: str, after: int
+@pytest.mark.parametrize(
+    ("api", "fault", "after"),
+    [
+        ("responses", "malformed_after_events", 5),
+        ("chat", "malformed_after_events", 2),
+        ("responses", "cut_after_events", 6),  # the connection closes mid-frame
+        ("chat", "cut_after_events", 3),
+    ],
+)
+def test_a_broken_frame_split_across_reads_never_reaches_the_client(
+    server: Server, mock: Mock, api: str, fault: str, after: int
 ) -> None:
-    r, frames = split_stream(server, mock, api, {"malformed_after_events": after})
+    r, frames = split_stream(server, mock, api, {fault: after})
     if api == "chat":
         assert_chat_failed(r.text)
     else:
         assert_responses_failed(sse_events(r.text))
-    assert len(frames) == after + 1  # what preceded it, then the terminal error
-
-
-@pytest.mark.parametrize(("api", "after"), [("responses", 6), ("chat", 3)])
-def test_a_stream_cut_mid_frame_forwards_no_half_frame(
-    server: Server, mock: Mock, api: str, after: int
-) -> None:
-    r, frames = split_stream(server, mock, api, {"cut_after_events": after})
-    if api == "chat":
-        assert_chat_failed(r.text)
-    else:
-        assert_responses_failed(sse_events(r.text))
-    assert len(frames) == after + 1
+    assert len(frames) == after + 1  # the whole frames before it, then the terminal error
 
 
 def test_chat_stream_missing_done(server: Server, mock: Mock) -> None:
