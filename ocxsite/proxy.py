@@ -506,6 +506,7 @@ class ProxyApp:
                     quota_resets={k: gate.resets.get(p) for k, p in pairs.items() if p is not None},
                     on_cooldown=on_cooldown,
                     result=result,
+                    revision=snapshot.version,
                 )
             except asyncio.CancelledError:
                 # Client abort: the request log still gets the attempt it made (status 499).

@@ -91,10 +91,13 @@ async def route(
     quota_resets: Mapping[str, int | None] | None = None,
     on_cooldown: Callable[[str, int, str], None] | None = None,
     result: RouteResult | None = None,
+    revision: int = 0,
 ) -> RouteResult:
     """Route one request through `combo`. `dispatch(target, is_last_chance)` is awaited at most
     once per target (plus the single-target retry); cancellation (client abort) propagates after
-    the attempt is recorded, with no cooldown and no success counted."""
+    the attempt is recorded, with no cooldown and no success counted. `revision` is the config
+    version `combo` was loaded at: a request still running when its combo changes writes
+    nothing into the new definition's state (`state.stamped`)."""
     # Filled in place, so a caller whose request is cancelled still has the trace so far.
     result = RouteResult() if result is None else result
     attempted: set[str] = set()
@@ -116,6 +119,7 @@ async def route(
             after_failure=after_failure,
             quota_resets=quota_resets,
             single_target_retry=retry_available,
+            revision=revision,
         )
         for skip in selection.skipped:
             if skip not in seen_skips and skip[1] != "attempted":
@@ -139,7 +143,9 @@ async def route(
         try:
             outcome = await dispatch(target, False)
         except asyncio.CancelledError:
-            await store.update(combo.id, _aborted(combo, key, selection.probe))
+            await store.update(
+                combo.id, st.stamped(combo, revision, _aborted(combo, key, selection.probe))
+            )
             result.attempts.append(
                 AttemptRecord(
                     key, 499, "client_cancelled", "client_cancelled", None, now() - started
@@ -153,7 +159,7 @@ async def route(
             # worker set meanwhile then stays until it ends, the conservative way round.
             seen = selection.state
             if seen is None or st.note_success(seen, combo, key) != seen:
-                await store.update(combo.id, _succeeded(combo, key))
+                await store.update(combo.id, st.stamped(combo, revision, _succeeded(combo, key)))
             result.attempts.append(AttemptRecord(key, outcome.status, "served", "", None, elapsed))
             result.served = target
             result.usage = outcome.usage
@@ -166,7 +172,9 @@ async def route(
         until = None if found is None or not outcome.cool else at + found.ms
         cooled = _cooled_keys(combo, target, decision) if until is not None else ()
 
-        await store.update(combo.id, _failed(combo, (key, *cooled), until, at))
+        await store.update(
+            combo.id, st.stamped(combo, revision, _failed(combo, (key, *cooled), until, at))
+        )
         if until is not None and on_cooldown is not None:
             for other in cooled:
                 on_cooldown(other, until, decision.reason)

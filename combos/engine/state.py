@@ -3,14 +3,16 @@
 `ComboState` is an immutable, JSON-serialisable value holding everything a pick of one combo sees:
 target cooldowns, half-open probe leases, smooth-WRR weights and stickiness, and least-used
 counts. Transitions (`note_success`, `note_failure`, `note_abort`, `clear`) return new values and
-ignore target keys that the *current* combo no longer has, so late completions of requests that
-started before a reconfiguration cannot write state for removed targets. `StateStore` is the
+ignore target keys that the combo no longer has; `stamped` keeps the writes of requests that
+started before a reconfiguration out of the new definition's state. `StateStore` is the
 read-modify-write seam (async); `MemoryStateStore` is the in-process implementation and
 `ocxsite.redis_state.RedisStateStore` the shared one for many workers.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -20,6 +22,7 @@ from typing import Protocol, TypeVar
 from combos.engine.types import ComboSpec
 
 T = TypeVar("T")
+Update = Callable[["ComboState"], tuple["ComboState", T]]
 
 
 _EMPTY: Mapping[str, int] = MappingProxyType({})
@@ -39,6 +42,8 @@ class ComboState:
     `probes[key]` is the lease end of the single in-flight half-open probe.
     `current_weights`, `active_key` and `successes` are the round-robin state;
     `success_counts` feeds least-used.
+    `spec` and `revision` say which combo definition wrote the state (`fingerprint`) and from
+    which config version (see `stamped`); None / 0 while nothing is recorded.
     """
 
     cooldowns: Mapping[str, int] = field(default_factory=_frozen)
@@ -47,6 +52,8 @@ class ComboState:
     active_key: str | None = None
     successes: int = 0
     success_counts: Mapping[str, int] = field(default_factory=_frozen)
+    spec: str | None = None
+    revision: int = 0
 
     def cooling_until(self, key: str, now: int) -> int | None:
         """The cooldown end of `key` if it is still cooling at `now`, else None."""
@@ -65,18 +72,17 @@ class ComboState:
 
     def to_json(self) -> str:
         """Serialise to a compact JSON object (stable key order)."""
-        return json.dumps(
-            {
-                "cooldowns": dict(self.cooldowns),
-                "probes": dict(self.probes),
-                "current_weights": dict(self.current_weights),
-                "active_key": self.active_key,
-                "successes": self.successes,
-                "success_counts": dict(self.success_counts),
-            },
-            sort_keys=True,
-            separators=(",", ":"),
-        )
+        out: dict[str, object] = {
+            "cooldowns": dict(self.cooldowns),
+            "probes": dict(self.probes),
+            "current_weights": dict(self.current_weights),
+            "active_key": self.active_key,
+            "successes": self.successes,
+            "success_counts": dict(self.success_counts),
+        }
+        if self.spec is not None:
+            out["spec"], out["revision"] = self.spec, self.revision
+        return json.dumps(out, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> ComboState:
@@ -90,6 +96,11 @@ class ComboState:
             raise ValueError("active_key must be a string or null")
         if not _is_int(successes):
             raise ValueError("successes must be an integer")
+        spec, revision = raw.get("spec"), raw.get("revision", 0)
+        if spec is not None and not isinstance(spec, str):
+            raise ValueError("spec must be a string or null")
+        if not _is_int(revision):
+            raise ValueError("revision must be an integer")
         return cls(
             cooldowns=_int_map(raw, "cooldowns"),
             probes=_int_map(raw, "probes"),
@@ -97,6 +108,8 @@ class ComboState:
             active_key=active,
             successes=successes,
             success_counts=_int_map(raw, "success_counts"),
+            spec=spec,
+            revision=revision,
         )
 
 
@@ -142,7 +155,8 @@ def retain(state: ComboState, combo: ComboSpec) -> ComboState:
         return _frozen({k: v for k, v in values.items() if k in keys})
 
     active = state.active_key if state.active_key in keys else None
-    new = ComboState(
+    new = replace(
+        state,
         cooldowns=keep(state.cooldowns),
         probes=keep(state.probes),
         current_weights=keep(state.current_weights),
@@ -151,6 +165,43 @@ def retain(state: ComboState, combo: ComboSpec) -> ComboState:
         success_counts=keep(state.success_counts),
     )
     return state if new == state else new
+
+
+@functools.lru_cache(maxsize=1024)
+def fingerprint(combo: ComboSpec) -> str:
+    """A stable id of a combo definition (the same in every worker and process)."""
+    return hashlib.sha256(repr(combo).encode()).hexdigest()[:16]
+
+
+def stamped(combo: ComboSpec, revision: int, fn: Update[T]) -> Update[T]:
+    """`fn` as written by a request routed on `combo`, loaded at config version `revision`.
+
+    A combo change clears its state, but requests still running on the old definition finish
+    afterwards. Their writes would apply the old definition to the new state (`retain` with
+    the old targets drops the new targets' cooldowns and rotation). So the state records the
+    definition and config version that wrote it: a writer whose definition differs from the
+    recorded one and whose version is older decides on the state but writes nothing; a
+    writer with a newer version starts the state afresh; the same definition, or the same
+    version (no version known, as in the reference's own reconfiguration rules, where `retain`
+    carries the state over), just applies. An empty state records nothing (and so costs no
+    storage)."""
+    spec = fingerprint(combo)
+
+    def step(state: ComboState) -> tuple[ComboState, T]:
+        if state.spec is not None and state.spec != spec:
+            if state.revision > revision:
+                return state, fn(state)[1]
+            if state.revision < revision:
+                state = ComboState()
+        new, result = fn(state)
+        if replace(new, spec=None, revision=0) == ComboState():
+            return ComboState(), result
+        mark = max(state.revision, revision) if state.spec == spec else revision
+        if new.spec == spec and new.revision == mark:
+            return new, result
+        return replace(new, spec=spec, revision=mark), result
+
+    return step
 
 
 def note_success(state: ComboState, combo: ComboSpec, key: str) -> ComboState:

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from combos.engine.state import ComboState, StateStore, retain
+from combos.engine.state import ComboState, StateStore, retain, stamped
 from combos.engine.types import ComboSpec, ProviderSpec, TargetSpec
 
 POLICY_BEFORE_LAST_RESORT = "before-last-resort"
@@ -420,6 +420,7 @@ async def select(
     refresh: Callable[[], ComboSpec | None] | None = None,
     log: Callable[[str], None] | None = None,
     probe_lease_ms: int = PROBE_LEASE_MS,
+    revision: int = 0,
 ) -> Selection:
     """One selection attempt for the attempt loop, waiting at most `combo.wait_for_cooldown_ms`.
 
@@ -429,6 +430,7 @@ async def select(
     the whole selection re-runs; after an ordinary wait exactly one fresh selection follows.
     `after_failure` first tries the synchronous hop, then falls through to the waiting selector.
     `refresh` re-reads the combo after a sleep; None (deleted or renamed) ends with no target.
+    `revision` is the config version `combo` was loaded at (see `state.stamped`).
     """
     budget = combo.wait_for_cooldown_ms
     waited = 0
@@ -454,7 +456,7 @@ async def select(
             )
             return new, (chosen, new)
 
-        return await store.update(spec.id, step)
+        return await store.update(spec.id, stamped(spec, revision, step))
 
     def done(result: Plan, state: ComboState | None = None) -> Selection:
         return Selection(

@@ -16,10 +16,10 @@ from combos.engine.state import ComboState, MemoryStateStore
 from combos.engine.types import ComboSpec, ProviderSpec, TargetSpec
 
 T = TypeVar("T")
-A, B = TargetSpec("pa", "ma"), TargetSpec("pb", "mb")
+A, B, C = TargetSpec("pa", "ma"), TargetSpec("pb", "mb"), TargetSpec("pc", "mc")
 PROVIDERS = {
     name: ProviderSpec(name=name, adapter="openai-chat", base_url=f"http://{name}.test/v1")
-    for name in ("pa", "pb")
+    for name in ("pa", "pb", "pc")
 }
 NOW = 1_000_000
 
@@ -46,6 +46,7 @@ def run(
     outcomes: dict[str, list[Outcome | type[BaseException]]],
     *,
     now: int = NOW,
+    revision: int = 0,
 ) -> tuple[RouteResult, list[str]]:
     dispatched: list[str] = []
 
@@ -68,6 +69,7 @@ def run(
             now=lambda: now,
             sleep=sleep,
             rng=random.Random(1),
+            revision=revision,
         )
     )
     return result, dispatched
@@ -122,3 +124,31 @@ def test_a_client_abort_counts_nothing_and_cools_nothing() -> None:
     with pytest.raises(asyncio.CancelledError):
         run(combo("least-used"), store, {A.key: [asyncio.CancelledError]})
     assert asyncio.run(store.get("main")) == ComboState()
+
+
+def test_a_request_still_running_on_the_old_definition_leaves_the_new_state_alone() -> None:
+    store = CountingStore()
+    old = combo(cooldown_ms=60_000)  # A, B, loaded at config version 1
+    new = ComboSpec(id="main", targets=(A, C), strategy="round-robin", cooldown_ms=60_000)
+    # The new definition (version 2) has run: the rotation has started, C is cooling.
+    run(new, store, {A.key: [OK]}, revision=2)
+    assert run(new, store, {C.key: [FAIL_500], A.key: [OK]}, revision=2)[1] == [C.key, A.key]
+    before = asyncio.run(store.get("main"))
+    assert before.cooldowns == {C.key: NOW + 60_000} and before.revision == 2
+    # A request that started on version 1 finishes now: A fails, B serves it.
+    result, dispatched = run(old, store, {A.key: [FAIL_500], B.key: [OK]}, revision=1)
+    assert dispatched == [A.key, B.key] and result.served == B
+    # Its cooldown of A and the old targets' bookkeeping are not written over the new state.
+    assert asyncio.run(store.get("main")) == before
+
+
+def test_the_first_request_on_a_new_definition_starts_from_a_clean_state() -> None:
+    store = CountingStore()
+    old = combo(cooldown_ms=60_000)
+    run(old, store, {A.key: [FAIL_500], B.key: [OK]}, revision=1)
+    assert asyncio.run(store.get("main")).cooldowns == {A.key: NOW + 60_000}
+    new = ComboSpec(id="main", targets=(A, C), cooldown_ms=60_000)
+    # A worker on version 2 whose state was not cleared yet (it is, by the config write path):
+    # the old definition's cooldown does not apply to the new one.
+    result, dispatched = run(new, store, {A.key: [OK]}, revision=2)
+    assert dispatched == [A.key] and result.served == A

@@ -16,10 +16,12 @@ from combos.engine.state import (
     ComboState,
     MemoryStateStore,
     clear,
+    fingerprint,
     note_abort,
     note_failure,
     note_success,
     retain,
+    stamped,
 )
 from combos.engine.types import ComboSpec, TargetSpec
 
@@ -290,3 +292,75 @@ def test_memory_store_concurrent_updates_are_atomic() -> None:
         return (await store.get("x")).success_counts.get(A)
 
     assert asyncio.run(run()) == 200
+
+
+# --- definitions and config versions (stamped) -------------------------------------------------
+
+OLD = combo(A, B)
+NEW = combo(A, C)
+
+
+def cool(key: str, until: int) -> Any:
+    return lambda s: (note_failure(s, ABC, key, until, now=0), "decided")
+
+
+def test_a_writer_on_an_older_definition_decides_but_writes_nothing() -> None:
+    state = stamped(NEW, 5, cool(C, 9_000))(ComboState())[0]
+    assert (state.spec, state.revision) == (fingerprint(NEW), 5)
+    out, result = stamped(OLD, 4, cool(A, 7_000))(state)
+    assert out is state and result == "decided"
+
+
+def test_a_writer_on_a_newer_definition_starts_the_state_afresh() -> None:
+    state = stamped(OLD, 4, cool(A, 7_000))(ComboState())[0]
+    out, _ = stamped(NEW, 5, cool(C, 9_000))(state)
+    assert out.cooldowns == {C: 9_000}  # nothing of the old definition's state
+    assert (out.spec, out.revision) == (fingerprint(NEW), 5)
+
+
+def test_the_same_definition_applies_and_keeps_the_newest_version() -> None:
+    state = stamped(NEW, 5, cool(C, 9_000))(ComboState())[0]
+    out, _ = stamped(NEW, 7, cool(A, 8_000))(state)
+    assert out.cooldowns == {A: 8_000, C: 9_000} and out.revision == 7
+    late, _ = stamped(NEW, 6, cool(A, 8_500))(out)  # a request loaded between the two
+    assert late.cooldowns == {A: 8_500, C: 9_000} and late.revision == 7
+
+
+def test_without_a_version_the_state_carries_over() -> None:
+    # revision 0 on both sides: the reference's own rules (retain) decide, as before stamps.
+    state = stamped(OLD, 0, cool(A, 7_000))(ComboState())[0]
+    out, _ = stamped(NEW, 0, lambda s: (s, None))(state)
+    assert out.cooldowns == {A: 7_000} and out.spec == fingerprint(NEW)
+
+
+def test_an_empty_state_records_nothing() -> None:
+    state = stamped(NEW, 5, cool(C, 9_000))(ComboState())[0]
+    cleared = stamped(NEW, 6, lambda s: (note_success(s, NEW, C), None))(state)[0]
+    assert cleared == ComboState()
+    assert cleared.to_json() == ComboState().to_json()
+
+
+def test_stamps_survive_json_and_bad_ones_are_rejected() -> None:
+    state = stamped(NEW, 5, cool(C, 9_000))(ComboState())[0]
+    assert ComboState.from_json(state.to_json()) == state
+    assert '"spec"' not in ComboState(cooldowns={A: 1}).to_json()
+    for text in ('{"spec": 5}', '{"spec": "x", "revision": "2"}', '{"revision": true}'):
+        with pytest.raises(ValueError):
+            ComboState.from_json(text)
+
+
+def test_the_fingerprint_is_the_same_in_another_process() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "from combos.engine.state import fingerprint\n"
+        "from combos.engine.types import ComboSpec, TargetSpec\n"
+        "print(fingerprint(ComboSpec(id='main', strategy='round-robin', sticky_limit=1,"
+        " targets=(TargetSpec('pa', 'ma'), TargetSpec('pc', 'mc')))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == fingerprint(NEW)
+    assert fingerprint(NEW) != fingerprint(OLD)
