@@ -103,6 +103,9 @@ class Exchange:
         self.upstream_done = False
         self.protocol: Literal["responses", "chat"] = "responses"
         self.streaming = False
+        # Set once the request is a POST to a proxy endpoint: from then on it is logged, even
+        # when it is refused before its model is read (401, the key's rpm budget, bad JSON).
+        self.logged = False
         self.entry = RequestEntry(request_id=request_id, at=time.time())
         self._held: list[bytes] | None = None
 
@@ -216,7 +219,7 @@ class ProxyApp:
                     await exchange.finish()
                 except OSError:
                     outcome = "client_cancelled"
-            if exchange.entry.requested_model:
+            if exchange.logged:
                 self._log(exchange, outcome, time.monotonic() - started)
 
     def _log(self, exchange: Exchange, outcome: str, elapsed: float) -> None:
@@ -269,6 +272,7 @@ class ProxyApp:
             raise HTTPFailure(404, "invalid_request_error", "not_found", f"Unknown endpoint {path}")
         if method != "POST":
             raise HTTPFailure(405, "invalid_request_error", "method_not_allowed", "Use POST")
+        exchange.logged = True
         snapshot = await self.runtime.ready()
         key = self._authenticate(headers)
         entry = exchange.entry

@@ -312,3 +312,33 @@ def test_retention_deletes_old_entries(settings: Any, monkeypatch: pytest.Monkey
     monkeypatch.setattr(requestlog, "_last_retention", float("-inf"))
     requestlog.write_entries([])
     assert not RequestLog.objects.filter(request_id="old2").exists()
+
+
+def test_requests_refused_before_routing_are_logged_too(server: Server, mock: Mock) -> None:
+    """A bad key (401) and a key over its rpm budget (429) leave an entry, so failed
+    authentication and throttled users show in the admin and /api/requests; the presented
+    token does not. Model listings are not proxy requests and are not logged."""
+    combo_id, key, headers = setup(server, mock)
+    listing = server.http.get("/v1/models", headers=headers)
+    assert listing.status_code == 200
+    bogus = "ocx_" + "x" * 40
+    r = ask(server, combo_id, {"Authorization": f"Bearer {bogus}"})
+    assert r.status_code == 401
+    entry = logged(server, r.headers["x-ocx-request-id"])
+    assert (entry["status"], entry["outcome"]) == (401, "invalid_api_key")
+    assert (entry["user"], entry["keyPrefix"], entry["model"]) == ("", "", "")
+    assert entry["attempts"] == [] and entry["target"] is None
+    assert_clean(json.dumps(entry), key, bogus, bogus[:10])
+    assert entries(server, request_id=listing.headers["x-ocx-request-id"]) == []
+
+    limited = server.create_key(user="log-rpm", rpm_limit=1)
+    if 60 - time.time() % 60 < 3:  # the budget is a fixed one-minute window
+        time.sleep(60 - time.time() % 60 + 0.2)
+    first = ask(server, combo_id, {"Authorization": f"Bearer {limited}"})
+    second = ask(server, combo_id, {"Authorization": f"Bearer {limited}"})
+    assert (first.status_code, second.status_code) == (200, 429)
+    entry = logged(server, second.headers["x-ocx-request-id"])
+    assert (entry["status"], entry["outcome"]) == (429, "client_rate_limited")
+    assert entry["user"] == "log-rpm" and limited.startswith(entry["keyPrefix"])
+    assert entry["attempts"] == [] and entry["target"] is None
+    assert_clean(json.dumps(entry), limited)
