@@ -9,7 +9,18 @@ from typing import Any
 from ocxsite.proxy import ProxyApp
 
 
+class Entries:
+    def __init__(self) -> None:
+        self.submitted: list[Any] = []
+
+    def submit(self, entry: Any) -> None:
+        self.submitted.append(entry)
+
+
 class BrokenRuntime:
+    def __init__(self) -> None:
+        self.requestlog = Entries()
+
     async def ready(self) -> Any:
         raise ConnectionError("state backend unreachable")
 
@@ -24,7 +35,8 @@ def test_internal_failure_before_commit_is_an_openai_shaped_502() -> None:
         sent.append(message)
 
     scope = {"type": "http", "path": "/v1/responses", "method": "POST", "headers": []}
-    app = ProxyApp(runtime=BrokenRuntime())  # type: ignore[arg-type]
+    runtime = BrokenRuntime()
+    app = ProxyApp(runtime=runtime)  # type: ignore[arg-type]
     asyncio.run(app(scope, receive, send))
 
     start, body = sent[0], sent[1]
@@ -37,3 +49,6 @@ def test_internal_failure_before_commit_is_an_openai_shaped_502() -> None:
     assert request_id in error["message"]
     assert "unreachable" not in error["message"]  # no internals leak to the client
     assert len(sent) == 2 and body["more_body"] is False
+    # The request log has it, with the status the client got.
+    [entry] = runtime.requestlog.submitted
+    assert (entry.request_id, entry.status, entry.outcome) == (request_id, 502, "internal_error")
