@@ -11,8 +11,6 @@ read-modify-write seam (async); `MemoryStateStore` is the in-process implementat
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -42,8 +40,8 @@ class ComboState:
     `probes[key]` is the lease end of the single in-flight half-open probe.
     `current_weights`, `active_key` and `successes` are the round-robin state;
     `success_counts` feeds least-used.
-    `spec` and `revision` say which combo definition wrote the state (`fingerprint`) and from
-    which config version (see `stamped`); None / 0 while nothing is recorded.
+    `spec` and `revision` say which combo definition wrote the state (`ComboSpec.fingerprint`)
+    and from which config version (see `stamped`); None / 0 while nothing is recorded.
     """
 
     cooldowns: Mapping[str, int] = field(default_factory=_frozen)
@@ -167,12 +165,6 @@ def retain(state: ComboState, combo: ComboSpec) -> ComboState:
     return state if new == state else new
 
 
-@functools.lru_cache(maxsize=1024)
-def fingerprint(combo: ComboSpec) -> str:
-    """A stable id of a combo definition (the same in every worker and process)."""
-    return hashlib.sha256(repr(combo).encode()).hexdigest()[:16]
-
-
 def stamped(combo: ComboSpec, revision: int, fn: Update[T]) -> Update[T]:
     """`fn` as written by a request routed on `combo`, loaded at config version `revision`.
 
@@ -185,7 +177,7 @@ def stamped(combo: ComboSpec, revision: int, fn: Update[T]) -> Update[T]:
     version (no version known, as in the reference's own reconfiguration rules, where `retain`
     carries the state over), just applies. An empty state records nothing (and so costs no
     storage)."""
-    spec = fingerprint(combo)
+    spec = combo.fingerprint
 
     def step(state: ComboState) -> tuple[ComboState, T]:
         if state.spec is not None and state.spec != spec:

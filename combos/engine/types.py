@@ -6,6 +6,8 @@ The Django side turns ORM rows into a `ConfigSnapshot` once per config version
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -91,6 +93,12 @@ class ComboSpec:
     @property
     def public_id(self) -> str:
         return self.alias or f"{COMBO_NAMESPACE}/{self.id}"
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A stable id of this definition, the same in every worker and process (computed once
+        per snapshot object; the routing state records it, see `state.stamped`)."""
+        return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,8 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -16,7 +15,6 @@ from combos.engine.state import (
     ComboState,
     MemoryStateStore,
     clear,
-    fingerprint,
     note_abort,
     note_failure,
     note_success,
@@ -24,24 +22,9 @@ from combos.engine.state import (
     stamped,
 )
 from combos.engine.types import ComboSpec, TargetSpec
-
-R = TypeVar("R")
+from tests.combos.engine.conftest import sync
 
 A, B, C = "pa/ma", "pb/mb", "pc/mc"
-
-
-def sync(coro: Coroutine[Any, Any, R]) -> R:
-    """Drive a `MemoryStateStore` coroutine to completion without an event loop.
-
-    The memory store never awaits, so its coroutines finish on the first step; this also works
-    inside a running loop (e.g. in a fake clock's sleep hook) and asserts that property.
-    """
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-    coro.close()
-    raise AssertionError("a MemoryStateStore coroutine suspended")
 
 
 def combo(
@@ -306,7 +289,7 @@ def cool(key: str, until: int) -> Any:
 
 def test_a_writer_on_an_older_definition_decides_but_writes_nothing() -> None:
     state = stamped(NEW, 5, cool(C, 9_000))(ComboState())[0]
-    assert (state.spec, state.revision) == (fingerprint(NEW), 5)
+    assert (state.spec, state.revision) == (NEW.fingerprint, 5)
     out, result = stamped(OLD, 4, cool(A, 7_000))(state)
     assert out is state and result == "decided"
 
@@ -315,7 +298,7 @@ def test_a_writer_on_a_newer_definition_starts_the_state_afresh() -> None:
     state = stamped(OLD, 4, cool(A, 7_000))(ComboState())[0]
     out, _ = stamped(NEW, 5, cool(C, 9_000))(state)
     assert out.cooldowns == {C: 9_000}  # nothing of the old definition's state
-    assert (out.spec, out.revision) == (fingerprint(NEW), 5)
+    assert (out.spec, out.revision) == (NEW.fingerprint, 5)
 
 
 def test_the_same_definition_applies_and_keeps_the_newest_version() -> None:
@@ -330,7 +313,7 @@ def test_without_a_version_the_state_carries_over() -> None:
     # revision 0 on both sides: the reference's own rules (retain) decide, as before stamps.
     state = stamped(OLD, 0, cool(A, 7_000))(ComboState())[0]
     out, _ = stamped(NEW, 0, lambda s: (s, None))(state)
-    assert out.cooldowns == {A: 7_000} and out.spec == fingerprint(NEW)
+    assert out.cooldowns == {A: 7_000} and out.spec == NEW.fingerprint
 
 
 def test_an_empty_state_records_nothing() -> None:
@@ -354,13 +337,12 @@ def test_the_fingerprint_is_the_same_in_another_process() -> None:
     import sys
 
     code = (
-        "from combos.engine.state import fingerprint\n"
         "from combos.engine.types import ComboSpec, TargetSpec\n"
-        "print(fingerprint(ComboSpec(id='main', strategy='round-robin', sticky_limit=1,"
-        " targets=(TargetSpec('pa', 'ma'), TargetSpec('pc', 'mc')))))"
+        "print(ComboSpec(id='main', strategy='round-robin', sticky_limit=1,"
+        " targets=(TargetSpec('pa', 'ma'), TargetSpec('pc', 'mc'))).fingerprint)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
-    assert out.stdout.strip() == fingerprint(NEW)
-    assert fingerprint(NEW) != fingerprint(OLD)
+    assert out.stdout.strip() == NEW.fingerprint
+    assert NEW.fingerprint != OLD.fingerprint

@@ -4,10 +4,9 @@ import ast
 import asyncio
 import random
 from collections import Counter
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
 from hypothesis import given, settings
@@ -43,27 +42,12 @@ from combos.engine.strategies import (
     select,
 )
 from combos.engine.types import ComboSpec, ProviderSpec, TargetSpec
-
-R = TypeVar("R")
+from tests.combos.engine.conftest import sync
 
 PROVIDERS: dict[str, ProviderSpec] = {
     p: ProviderSpec(name=p, adapter="openai-chat", base_url="https://x.test/v1")
     for p in ("a", "b", "c", "d")
 }
-
-
-def sync(coro: Coroutine[Any, Any, R]) -> R:
-    """Drive a `MemoryStateStore` coroutine to completion without an event loop.
-
-    The memory store never awaits, so its coroutines finish on the first step; this also works
-    inside a running loop (e.g. in a fake clock's sleep hook) and asserts that property.
-    """
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-    coro.close()
-    raise AssertionError("a MemoryStateStore coroutine suspended")
 
 
 def t(provider: str, weight: int = 1, last_resort: bool = False) -> TargetSpec:
