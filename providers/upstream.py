@@ -170,6 +170,14 @@ def upstream_body(
     if inbound == upstream:
         out = dict(body)
         out["model"] = model
+        if upstream == "chat" and out.get("stream") is True and not client_wants_usage(body):
+            # Usage accounting needs the final usage chunk; it is dropped again before the
+            # client sees it (`_client_frames`).
+            options = out.get("stream_options")
+            out["stream_options"] = {
+                **(options if isinstance(options, Mapping) else {}),
+                "include_usage": True,
+            }
         return out
     if inbound == "responses" and upstream == "chat":
         return chat.responses_request_to_chat(body, model=model)
@@ -180,6 +188,34 @@ def upstream_body(
     if inbound == "responses":
         return anthropic.responses_request_to_messages(body, model=model)
     return anthropic.chat_request_to_messages(body, model=model)
+
+
+def client_wants_usage(body: Mapping[str, Any]) -> bool:
+    """Whether a Chat client asked for the final usage chunk (`stream_options.include_usage`)."""
+    options = body.get("stream_options")
+    return isinstance(options, Mapping) and options.get("include_usage") is True
+
+
+def _is_usage_chunk(event: SSEEvent) -> bool:
+    """A Chat usage-only chunk (`choices: []` plus `usage`), which a client that did not set
+    `include_usage` never asked for."""
+    if b'"usage"' not in event.raw:
+        return False
+    try:
+        payload = event.json()
+    except ValueError:
+        return False
+    return (
+        isinstance(payload, Mapping)
+        and payload.get("choices") == []
+        and isinstance(payload.get("usage"), Mapping)
+    )
+
+
+def _client_events(events: tuple[SSEEvent, ...], drop_usage: bool) -> tuple[SSEEvent, ...]:
+    if not drop_usage:
+        return events
+    return tuple(e for e in events if not _is_usage_chunk(e))
 
 
 def _failure_from_stream(sf: StreamFailure, event: str | None = None) -> Failure:
@@ -207,6 +243,7 @@ def _stream_translator(
     model: str,
     request_id: str,
     custom_tools: frozenset[str] = frozenset(),
+    include_usage: bool = True,
 ) -> tuple[_Translator | None, bytes]:
     created = int(time.time())
     rid = "resp_" + request_id.replace("-", "")
@@ -219,7 +256,10 @@ def _stream_translator(
         return t, t.start()
     if inbound == "chat" and upstream == "responses":
         return chat.ResponsesToChatStream(
-            chat_id="chatcmpl-" + request_id.replace("-", ""), model=model, created=created
+            chat_id="chatcmpl-" + request_id.replace("-", ""),
+            model=model,
+            created=created,
+            include_usage=include_usage,
         ), b""
     from providers.wire import anthropic
 
@@ -229,7 +269,10 @@ def _stream_translator(
         )
         return a, a.start()
     m = anthropic.MessagesToChatStream(
-        chat_id="chatcmpl-" + request_id.replace("-", ""), model=model, created=created
+        chat_id="chatcmpl-" + request_id.replace("-", ""),
+        model=model,
+        created=created,
+        include_usage=include_usage,
     )
     return m, b""
 
@@ -353,7 +396,16 @@ async def attempt(
                 resp, inbound, upstream, target, responder, caller, left_ms, custom
             )
         return await _stream(
-            resp, inbound, upstream, target, responder, caller, t.first_byte_ms, t.idle_ms, custom
+            resp,
+            inbound,
+            upstream,
+            target,
+            responder,
+            caller,
+            t.first_byte_ms,
+            t.idle_ms,
+            custom,
+            include_usage=inbound != "chat" or client_wants_usage(body),
         )
     finally:
         await resp.aclose()
@@ -508,11 +560,15 @@ async def _stream(
     first_byte_ms: int,
     idle_ms: int,
     custom_tools: frozenset[str] = frozenset(),
+    *,
+    include_usage: bool = True,
 ) -> Outcome:
     scanner = _scanner(upstream)
     translator, preamble = _stream_translator(
-        inbound, upstream, target.model, caller.request_id, custom_tools
+        inbound, upstream, target.model, caller.request_id, custom_tools, include_usage
     )
+    # Pass-through Chat: the usage chunk ocx asked for is not shown to a client that did not.
+    drop_usage = translator is None and upstream == "chat" and not include_usage
     pending: list[bytes] = [preamble] if preamble else []
     committed = False
     broken: StreamFailure | None = None
@@ -530,7 +586,7 @@ async def _stream(
                 # client gets what preceded it, then an explicit terminal error (PRODUCT §5.4).
                 good = decision.events[:bad]
                 if translator is None:
-                    data = _frames(good)
+                    data = _frames(_client_events(good, drop_usage))
                 else:
                     data = b"".join(translator.feed_event(e) for e in good)
                 if not committed:
@@ -551,7 +607,7 @@ async def _stream(
                 broken = truncation_failure("sent malformed stream data")
                 break
             data = (
-                _frames(decision.events)
+                _frames(_client_events(decision.events, drop_usage))
                 if translator is None
                 else b"".join(translator.feed_event(e) for e in decision.events)
             )
@@ -586,7 +642,7 @@ async def _stream(
             # The stream completed without visible output (e.g. an empty answer): commit it.
             committed = True
             tail = (
-                _last_frame(decision.events)
+                _last_frame(_client_events(decision.events, drop_usage))
                 if translator is None
                 else b"".join(translator.feed_event(e) for e in decision.events)
             )
@@ -595,7 +651,7 @@ async def _stream(
         elif translator is not None and decision.events:
             await responder.write(b"".join(translator.feed_event(e) for e in decision.events))
         elif decision.events:
-            await responder.write(_last_frame(decision.events))
+            await responder.write(_last_frame(_client_events(decision.events, drop_usage)))
         end = scanner.end_state()
         if end is EndState.TRUNCATED or end is EndState.OPEN:
             broken = truncation_failure("stream ended before completion")

@@ -12,6 +12,7 @@ class Usage:
     input: int | None = None
     output: int | None = None
     cached: int | None = None
+    reasoning: int | None = None
 
     def merge(self, other: Usage) -> Usage:
         """Later values win field by field (Anthropic reports input first, output last)."""
@@ -19,11 +20,17 @@ class Usage:
             input=other.input if other.input is not None else self.input,
             output=other.output if other.output is not None else self.output,
             cached=other.cached if other.cached is not None else self.cached,
+            reasoning=other.reasoning if other.reasoning is not None else self.reasoning,
         )
 
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _detail(u: Mapping[str, Any], holder: str, name: str) -> int | None:
+    details = u.get(holder)
+    return _int(details.get(name)) if isinstance(details, Mapping) else None
 
 
 def _from_usage(u: Mapping[str, Any]) -> Usage:
@@ -37,10 +44,14 @@ def _from_usage(u: Mapping[str, Any]) -> Usage:
             # Anthropic counts cache reads and writes outside input_tokens.
             inp = (inp or 0) + (read or 0) + (created or 0)
             cached = read
-        return Usage(inp, _int(u.get("output_tokens")), cached)
-    details = u.get("prompt_tokens_details")
-    cached = _int(details.get("cached_tokens")) if isinstance(details, Mapping) else None
-    return Usage(_int(u.get("prompt_tokens")), _int(u.get("completion_tokens")), cached)
+        reasoning = _detail(u, "output_tokens_details", "reasoning_tokens")
+        return Usage(inp, _int(u.get("output_tokens")), cached, reasoning)
+    return Usage(
+        _int(u.get("prompt_tokens")),
+        _int(u.get("completion_tokens")),
+        _detail(u, "prompt_tokens_details", "cached_tokens"),
+        _detail(u, "completion_tokens_details", "reasoning_tokens"),
+    )
 
 
 def extract_usage(payload: Mapping[str, Any]) -> Usage | None:
