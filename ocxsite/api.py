@@ -133,11 +133,13 @@ def _mount() -> None:
     from ocxsite.keys_api import router as keys_router
     from ocxsite.ops_api import router as ops_router
     from providers.api import router as providers_router
+    from usage.api import router as usage_router
 
     api.add_router("/combos", combos_router)
     api.add_router("/providers", providers_router)
     api.add_router("/keys", keys_router)
     api.add_router("/catalog", catalog_router)
+    api.add_router("/usage", usage_router)
     api.add_router("", ops_router)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-COMMANDS = {"combo", "provider", "key", "config", "catalog", "status", "serve", "token"}
+COMMANDS = {"combo", "provider", "key", "config", "catalog", "status", "serve", "token", "usage"}
 USAGE = """usage: ocx <command> [...]
 
 commands:
@@ -18,6 +18,7 @@ commands:
   config load FILE [--replace]|dump
   catalog write PATH|show
   status [combo]
+  usage [--by user|key|combo|target|model[,…]] [--since 7d] [--until T] [--json|--csv]
 """
 
 

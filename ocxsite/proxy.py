@@ -124,6 +124,7 @@ class Exchange:
         # attempt loop recorded the outcome: a client that sends its next request as soon as it
         # has the whole answer must see this one's success (shared round-robin across workers).
         self._held = [] if any(name == b"content-length" for name, _ in headers) else None
+        self.entry.ttft_ms = int((time.time() - self.entry.at) * 1000)
         route_headers = self.base_headers() + [
             (b"x-ocx-target", target.key.encode()),
             (b"x-ocx-attempts", str(self.attempts).encode()),
@@ -234,7 +235,7 @@ class ProxyApp:
         metrics.REQUESTS.labels(entry.combo, entry.target, str(entry.status)).inc()
         metrics.PROXY_OVERHEAD.observe(max(0.0, elapsed - exchange.upstream_s))
         runtime = self.runtime
-        if settings.OCX_REQUEST_LOG:
+        if settings.OCX_REQUEST_LOG or settings.OCX_USAGE:
             runtime.requestlog.submit(entry)
         if settings.OCX_LOG_JSON:
             request_log.info(
@@ -276,7 +277,7 @@ class ProxyApp:
         snapshot = await self.runtime.ready()
         key = self._authenticate(headers)
         entry = exchange.entry
-        entry.key_prefix, entry.user = key.prefix, key.user
+        entry.key_prefix, entry.user, entry.key_id = key.prefix, key.user, key.id
         if key.rpm_limit is not None:
             wait = await self.runtime.limiter.hit(key.id, key.rpm_limit, _now_ms())
             if wait is not None:
@@ -581,6 +582,7 @@ def _note_usage(entry: RequestEntry, usage: Any) -> None:
         entry.input_tokens = usage.input
         entry.output_tokens = usage.output
         entry.cached_tokens = usage.cached
+        entry.reasoning_tokens = usage.reasoning
 
 
 def _record_route(entry: RequestEntry, result: RouteResult) -> None:

@@ -33,14 +33,43 @@ class RequestEntry:
     input_tokens: int | None = None
     output_tokens: int | None = None
     cached_tokens: int | None = None
+    # The request's token usage for accounting and budgets: input/output/cached/reasoning, all
+    # None when the upstream reported none (unknown, never zero). Not in the RequestLog table.
+    reasoning_tokens: int | None = None
+    key_id: int | None = None
+    # Time from the request's arrival to the response start (commit), when it got that far.
+    ttft_ms: int | None = None
     attempts: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[list[str]] = field(default_factory=list)
 
 
 _last_retention = 0.0
+_last_usage_compact = 0.0
+_NOT_LOGGED = ("reasoning_tokens", "key_id", "ttft_ms")
 
 
 def write_entries(entries: list[RequestEntry]) -> None:
+    # The usage rollups are written even if the request log write fails (and vice versa).
+    try:
+        if settings.OCX_REQUEST_LOG:
+            _write_log(entries)
+    finally:
+        if settings.OCX_USAGE:
+            _write_usage(entries)
+
+
+def _write_usage(entries: list[RequestEntry]) -> None:
+    from usage import services as usage_services
+
+    global _last_usage_compact
+    usage_services.record_requests(records=entries)
+    now = time.monotonic()
+    if now - _last_usage_compact > RETENTION_EVERY_S:
+        _last_usage_compact = now
+        usage_services.compact(now=timezone.now(), retention_days=settings.OCX_USAGE_RETENTION_DAYS)
+
+
+def _write_log(entries: list[RequestEntry]) -> None:
     from ocxsite.models import RequestLog
 
     global _last_retention
@@ -49,6 +78,8 @@ def write_entries(entries: list[RequestEntry]) -> None:
         # A shallow copy: entries are never touched once queued (`asdict` deep-copies, a third
         # of this function's time).
         data = dict(vars(e))
+        for name in _NOT_LOGGED:
+            del data[name]
         data["at"] = dt.datetime.fromtimestamp(e.at, tz=dt.UTC)
         rows.append(RequestLog(**data))
     RequestLog.objects.bulk_create(rows)

@@ -117,6 +117,9 @@ OCX_STATE_KEY_PREFIX = os.environ.get("OCX_STATE_KEY_PREFIX", "ocx")
 OCX_REQUEST_LOG = env_bool("OCX_REQUEST_LOG", True)
 OCX_REQUEST_LOG_QUEUE = env_int("OCX_REQUEST_LOG_QUEUE", 10000, minimum=1)
 OCX_REQUEST_LOG_RETENTION_DAYS = env_int("OCX_REQUEST_LOG_RETENTION_DAYS", 14, minimum=1)
+# Usage rollups (usage app): written by the request-log writer even when the log is off.
+OCX_USAGE = env_bool("OCX_USAGE", True)
+OCX_USAGE_RETENTION_DAYS = env_int("OCX_USAGE_RETENTION_DAYS", 90, minimum=1)
 OCX_LOG_JSON = env_bool("OCX_LOG_JSON", False)
 
 INSTALLED_APPS = [
@@ -131,6 +134,7 @@ INSTALLED_APPS = [
     "providers",
     "combos",
     "quota",
+    "usage",
     "ocxsite",
 ]
 

@@ -422,7 +422,10 @@ def build_reply(protocol: str, body: JSON, behaviour: JSON, request_bytes: int) 
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,
         "cached_tokens": int(usage_in.get("cached_tokens", 0)),
+        "cache_creation_tokens": int(usage_in.get("cache_creation_tokens", 0)),
         "reasoning_tokens": int(usage_in.get("reasoning_tokens", 0)),
+        # `omit`: the answer reports no usage at all (an upstream that never does).
+        "omit": bool(usage_in.get("omit", False)),
     }
     return Reply(text, tool_name, tool_args, pieces, usage)
 
@@ -596,6 +599,10 @@ def _responses_usage(reply: Reply) -> JSON:
     }
 
 
+def _usage_field(usage: JSON, reply: Reply) -> JSON:
+    return {} if reply.usage["omit"] else {"usage": usage}
+
+
 def _responses_body(model: str, rid: str, created: int, item: JSON, reply: Reply) -> JSON:
     return {
         "id": rid,
@@ -604,7 +611,7 @@ def _responses_body(model: str, rid: str, created: int, item: JSON, reply: Reply
         "status": "completed",
         "model": model,
         "output": [item],
-        "usage": _responses_usage(reply),
+        **_usage_field(_responses_usage(reply), reply),
     }
 
 
@@ -687,7 +694,8 @@ def _chat_events(model: str, cid: str, reply: Reply, behaviour: JSON) -> list[by
                 return [*events, failure()]
         finish = "stop"
     events.append(chunk([{"index": 0, "delta": {}, "finish_reason": finish}]))
-    events.append(chunk([], usage=_chat_usage(reply)))
+    if not reply.usage["omit"]:
+        events.append(chunk([], usage=_chat_usage(reply)))
     if not behaviour.get("omit_done"):
         events.append(b"data: [DONE]\n\n")
     return events
@@ -710,15 +718,15 @@ def _chat_body(model: str, cid: str, reply: Reply) -> JSON:
         "created": int(time.time()),
         "model": model,
         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-        "usage": _chat_usage(reply),
+        **_usage_field(_chat_usage(reply), reply),
     }
 
 
 def _anthropic_usage(reply: Reply) -> JSON:
     u = reply.usage
     return {
-        "input_tokens": max(0, u["input_tokens"] - u["cached_tokens"]),
-        "cache_creation_input_tokens": 0,
+        "input_tokens": max(0, u["input_tokens"] - u["cached_tokens"] - u["cache_creation_tokens"]),
+        "cache_creation_input_tokens": u["cache_creation_tokens"],
         "cache_read_input_tokens": u["cached_tokens"],
         "output_tokens": u["output_tokens"],
     }
@@ -740,7 +748,7 @@ def _messages_events(model: str, mid: str, reply: Reply, behaviour: JSON) -> lis
                     "content": [],
                     "stop_reason": None,
                     "stop_sequence": None,
-                    "usage": start_usage,
+                    **_usage_field(start_usage, reply),
                 },
             },
         )
@@ -792,7 +800,7 @@ def _messages_events(model: str, mid: str, reply: Reply, behaviour: JSON) -> lis
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": stop, "stop_sequence": None},
-                "usage": {"output_tokens": usage["output_tokens"]},
+                **_usage_field({"output_tokens": usage["output_tokens"]}, reply),
             },
         )
     )
@@ -823,7 +831,7 @@ def _messages_body(model: str, mid: str, reply: Reply) -> JSON:
         "content": content,
         "stop_reason": stop,
         "stop_sequence": None,
-        "usage": _anthropic_usage(reply),
+        **_usage_field(_anthropic_usage(reply), reply),
     }
 
 

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest, HttpResponse
+
+from usage.models import UsageRollup
+
+# The exports the usage page links (the management API accepts a staff session).
+EXPORTS = (
+    ("Per user, last 7 days", "by=user&since=7d"),
+    ("Per user and model, last 30 days", "by=user,model&since=30d"),
+    ("Per key, last 7 days", "by=key&since=7d"),
+    ("Per target, last 24 hours", "by=target&since=24h"),
+)
+
+
+@admin.register(UsageRollup)
+class UsageRollupAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = (
+        "bucket",
+        "resolution",
+        "user",
+        "key_prefix",
+        "combo",
+        "target",
+        "model",
+        "status_class",
+        "requests",
+        "input_tokens",
+        "cached_input_tokens",
+        "output_tokens",
+        "reasoning_tokens",
+        "unknown_usage_requests",
+    )
+    list_filter = ("resolution", "status_class", "combo")
+    search_fields = ("user", "key_prefix", "target", "model")
+    date_hierarchy = "bucket"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        links = [(label, f"/api/usage?format=csv&{query}") for label, query in EXPORTS]
+        return super().changelist_view(request, {**(extra_context or {}), "usage_exports": links})

@@ -1,0 +1,40 @@
+"""`GET /api/usage`: token usage per user, key, combo, target or model over a time range."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from ninja import Router
+from ninja.errors import HttpError
+
+from usage import selectors
+from usage.schemas import UsageReportOut
+
+router = Router(tags=["usage"])
+
+
+@router.get("", response=UsageReportOut, operation_id="get_usage")
+def get_usage(
+    request: HttpRequest,
+    by: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    bucket: str | None = None,
+    format: str = "json",
+) -> HttpResponse | dict[str, object]:
+    if format not in ("json", "csv"):
+        raise HttpError(400, "format: use json or csv")
+    try:
+        query = selectors.build_query(
+            by=by, since=since, until=until, bucket=bucket, now=timezone.now()
+        )
+    except selectors.UsageQueryError as exc:
+        raise HttpError(400, str(exc)) from None
+    report = selectors.usage_report(query)
+    if format == "csv":
+        response = HttpResponse(
+            selectors.report_csv(report), content_type="text/csv; charset=utf-8"
+        )
+        response["Content-Disposition"] = 'attachment; filename="ocx-usage.csv"'
+        return response
+    return report

@@ -1,0 +1,73 @@
+"""`ocx usage [--by user[,model]] [--since 7d] [--until T] [--json|--csv]`: token usage."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
+
+from usage import selectors
+
+
+class Command(BaseCommand):
+    help = "Token usage per user, key, combo, target or model over a time range."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--by", default="user", help="one or two of user,key,combo,target,model"
+        )
+        parser.add_argument("--since", default="24h", help="ISO 8601 time or 1h, 24h, 7d, 30d")
+        parser.add_argument("--until", default=None)
+        out = parser.add_mutually_exclusive_group()
+        out.add_argument("--json", action="store_true")
+        out.add_argument("--csv", action="store_true")
+
+    def handle(self, *args: str, **options: Any) -> None:
+        try:
+            query = selectors.build_query(
+                by=options["by"], since=options["since"], until=options["until"], now=timezone.now()
+            )
+        except selectors.UsageQueryError as exc:
+            raise CommandError(str(exc)) from None
+        report = selectors.usage_report(query)
+        if options["json"]:
+            self.stdout.write(json.dumps(report, indent=2))
+        elif options["csv"]:
+            self.stdout.write(selectors.report_csv(report), ending="")
+        else:
+            self.stdout.write(_table(report))
+
+
+def _table(report: dict[str, Any]) -> str:
+    dims = [d for d in report["by"]]
+    counters = list(selectors.REPORTED)
+    headers = [d.upper() for d in dims] + [
+        "REQUESTS",
+        "INPUT",
+        "CACHED",
+        "OUTPUT",
+        "REASONING",
+        "UNKNOWN",
+    ]
+    lines = [
+        [_cell(row.get(d)) for d in dims] + [str(row[c]) for c in counters]
+        for row in report["rows"]
+    ]
+    lines.append(["TOTAL"] + [""] * (len(dims) - 1) + [str(report["totals"][c]) for c in counters])
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(headers)]
+    numeric = len(dims)
+
+    def fmt(cells: list[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if i >= numeric else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    title = f"usage {report['since']} .. {report['until']}"
+    return "\n".join([title, fmt(headers), *(fmt(line) for line in lines)])
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None or value == "" else str(value)

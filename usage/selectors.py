@@ -1,0 +1,196 @@
+"""Usage reads: totals over a time range grouped by any dimensions, optionally per time bucket
+(`GET /api/usage`, `ocx usage`, and later the dashboard)."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from django.db.models import Sum
+from django.db.models.functions import TruncDay, TruncHour, TruncMinute
+
+from usage.models import COUNTERS, UsageRollup
+
+# Public grouping name → rollup columns.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "user": ("user",),
+    "key": ("key_id", "key_prefix"),
+    "combo": ("combo",),
+    "target": ("target",),
+    "model": ("model",),
+    "status": ("status_class",),
+}
+# The token counters every report shows, in camelCase.
+REPORTED = {
+    "requests": "requests",
+    "inputTokens": "input_tokens",
+    "cachedInputTokens": "cached_input_tokens",
+    "outputTokens": "output_tokens",
+    "reasoningTokens": "reasoning_tokens",
+    "unknownUsageRequests": "unknown_usage_requests",
+}
+MAX_GROUPS = 2
+Bucket = Literal["minute", "hour", "day"]
+_TRUNC = {"minute": TruncMinute, "hour": TruncHour, "day": TruncDay}
+_RELATIVE = re.compile(r"^(\d{1,6})([mhdw])$")
+_UNITS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+class UsageQueryError(ValueError):
+    """A bad parameter: the message names it and what is accepted."""
+
+
+@dataclass(frozen=True)
+class UsageQuery:
+    since: dt.datetime
+    until: dt.datetime
+    by: tuple[str, ...] = ()
+    bucket: Bucket | None = None
+
+
+def parse_time(value: str, *, now: dt.datetime, name: str) -> dt.datetime:
+    """ISO 8601 (no offset = UTC) or a duration back from now: `30m`, `1h`, `24h`, `7d`, `2w`."""
+    text = value.strip()
+    m = _RELATIVE.match(text)
+    if m:
+        return now - dt.timedelta(seconds=int(m.group(1)) * _UNITS[m.group(2)])
+    try:
+        parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise UsageQueryError(
+            f"{name}: expected an ISO 8601 time (2026-01-31T12:00:00Z) or a duration "
+            f"like 1h, 24h, 7d, 30d; got {value!r}"
+        ) from None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
+
+
+def parse_by(value: str | None) -> tuple[str, ...]:
+    if value is None or not value.strip():
+        return ()
+    names = tuple(part.strip() for part in value.split(","))
+    unknown = [n for n in names if n not in GROUPS]
+    if unknown:
+        raise UsageQueryError(
+            f"by: unknown dimension {unknown[0]!r}; use one or two of {', '.join(GROUPS)}"
+        )
+    if len(names) > MAX_GROUPS or len(set(names)) != len(names):
+        raise UsageQueryError("by: one or two different dimensions, comma-separated")
+    return names
+
+
+def build_query(
+    *,
+    by: str | None,
+    since: str | None,
+    until: str | None,
+    now: dt.datetime,
+    bucket: str | None = None,
+) -> UsageQuery:
+    """Validate the public parameters; the default range is the last 24 hours."""
+    start = parse_time(since, now=now, name="since") if since else now - dt.timedelta(days=1)
+    end = parse_time(until, now=now, name="until") if until else now
+    if start >= end:
+        raise UsageQueryError("since must be before until")
+    if bucket is not None and bucket not in _TRUNC:
+        raise UsageQueryError("bucket: use minute, hour or day")
+    return UsageQuery(since=start, until=end, by=parse_by(by), bucket=bucket)  # type: ignore[arg-type]
+
+
+def usage_rows(
+    *,
+    since: dt.datetime,
+    until: dt.datetime,
+    group: Sequence[str] = (),
+    bucket: Bucket | None = None,
+    counters: Sequence[str] = COUNTERS,
+    filters: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Summed rollup counters for buckets starting in [since, until), grouped by rollup
+    columns `group` (and by time when `bucket` is set, as `at`). Hour rows (data older than a
+    day) count whole: a range boundary inside such an hour is rounded to its start."""
+    qs = UsageRollup.objects.filter(bucket__gte=since, bucket__lt=until, **(filters or {}))
+    keys = list(group)
+    if bucket is not None:
+        qs = qs.annotate(at=_TRUNC[bucket]("bucket", tzinfo=dt.UTC))
+        keys.append("at")
+    sums = {name: Sum(name) for name in counters}
+    if not keys:
+        total = qs.aggregate(**sums)
+        return [{k: v or 0 for k, v in total.items()}]
+    rows = qs.values(*keys).annotate(**sums).order_by(*keys)
+    return [{**row, **{name: row[name] or 0 for name in counters}} for row in rows]
+
+
+def usage_report(query: UsageQuery) -> dict[str, Any]:
+    """The `/api/usage` body: rows per group (camelCase counters) and the totals."""
+    columns = [c for name in query.by for c in GROUPS[name]]
+    counters = list(REPORTED.values())
+    raw = usage_rows(
+        since=query.since, until=query.until, group=columns, bucket=query.bucket, counters=counters
+    )
+    rows: list[dict[str, Any]] = []
+    totals = dict.fromkeys(REPORTED, 0)
+    for r in raw if columns or query.bucket else []:
+        row: dict[str, Any] = {}
+        for name in query.by:
+            if name == "key":
+                row["key"] = r["key_prefix"] or None
+                row["keyId"] = r["key_id"] or None
+            else:
+                row[name] = r[GROUPS[name][0]] or None
+        if query.bucket is not None:
+            row["at"] = _iso(r["at"])
+        for out, column in REPORTED.items():
+            row[out] = r[column]
+            totals[out] += r[column]
+        rows.append(row)
+    if not rows and not columns and not query.bucket:
+        totals = {out: raw[0][column] for out, column in REPORTED.items()}
+    return {
+        "since": _iso(query.since),
+        "until": _iso(query.until),
+        "by": list(query.by),
+        "rows": rows,
+        "totals": totals,
+    }
+
+
+def report_csv(report: dict[str, Any]) -> str:
+    """The rows of a report as CSV with a header line (no totals line)."""
+    out = io.StringIO()
+    fields = [*(k for k in _dims(report)), *REPORTED]
+    writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for row in report["rows"]:
+        writer.writerow({k: "" if row.get(k) is None else row[k] for k in fields})
+    return out.getvalue()
+
+
+def _dims(report: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    for name in report["by"]:
+        out += ["key", "keyId"] if name == "key" else [name]
+    if report["rows"] and "at" in report["rows"][0]:
+        out.append("at")
+    return out
+
+
+def _iso(value: dt.datetime) -> str:
+    return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+__all__ = [
+    "GROUPS",
+    "UsageQuery",
+    "UsageQueryError",
+    "build_query",
+    "parse_time",
+    "report_csv",
+    "usage_report",
+    "usage_rows",
+]
