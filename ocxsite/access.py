@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from ocxsite.budgets import ScopedBudget, scoped_budgets
 from ocxsite.models import ClientKey, ManagementToken
 from providers.services import keys_bump
 
@@ -36,6 +37,8 @@ class KeyInfo:
     user: str
     allowed_models: frozenset[str]
     rpm_limit: int | None
+    # The key's own budgets, then its user's (ocxsite.budgets); empty costs nothing per request.
+    budgets: tuple[ScopedBudget, ...] = ()
 
 
 def client_key_create(
@@ -44,6 +47,7 @@ def client_key_create(
     name: str = "",
     allowed_models: list[str] | None = None,
     rpm_limit: int | None = None,
+    budgets: list[dict[str, object]] | None = None,
 ) -> tuple[ClientKey, str]:
     user_model = get_user_model()
     with transaction.atomic():
@@ -56,6 +60,7 @@ def client_key_create(
             digest=digest(secret),
             allowed_models=sorted(set(allowed_models or [])),
             rpm_limit=rpm_limit,
+            budgets=list(budgets or []),  # validated by full_clean (ocxsite.budgets)
         )
         key.full_clean()
         key.save()
@@ -93,10 +98,11 @@ def client_keys_active() -> dict[str, KeyInfo]:
             user=k.user.get_username(),
             allowed_models=frozenset(k.allowed_models or ()),
             rpm_limit=k.rpm_limit,
+            budgets=scoped_budgets(k),
         )
         for k in ClientKey.objects.filter(
             revoked__isnull=True, user__is_active=True
-        ).select_related("user")
+        ).select_related("user", "user__ocx_budget")
     }
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from ocxsite.budgets import validate_budgets
+
 
 class ClientKey(models.Model):
     """An `ocx_…` key a developer puts in Codex; stored as a SHA-256 hash only."""
@@ -13,6 +15,8 @@ class ClientKey(models.Model):
     digest = models.CharField(max_length=64, unique=True)
     allowed_models = models.JSONField(default=list, blank=True)
     rpm_limit = models.PositiveIntegerField(null=True, blank=True)
+    # [{"tokens": N, "period": "day"}, {"windowPercent": P, "provider": "…"}] (ocxsite.budgets)
+    budgets = models.JSONField(default=list, blank=True, validators=[validate_budgets])
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
     revoked = models.DateTimeField(null=True, blank=True)
@@ -22,6 +26,43 @@ class ClientKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.user})"
+
+
+class UserBudget(models.Model):
+    """A user's budgets, shared by all their keys (ocxsite.budgets)."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, models.CASCADE, related_name="ocx_budget"
+    )
+    budgets = models.JSONField(default=list, blank=True, validators=[validate_budgets])
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ("user__username",)
+
+    def __str__(self) -> str:
+        return f"budgets of {self.user}"
+
+
+class BudgetEvent(models.Model):
+    """A budget crossing 80 % or 100 % (once per budget period)."""
+
+    at = models.DateTimeField(db_index=True)
+    owner = models.CharField(max_length=200)
+    scope = models.CharField(max_length=8)
+    percent = models.PositiveSmallIntegerField()
+    budget = models.JSONField(default=dict)
+    window = models.CharField(max_length=32, blank=True, default="")
+    used = models.FloatField()
+    limit = models.FloatField()
+    resets_at = models.DateTimeField()
+    message = models.TextField()
+
+    class Meta:
+        ordering = ("-at",)
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class ManagementToken(models.Model):
