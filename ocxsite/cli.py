@@ -5,16 +5,30 @@ from __future__ import annotations
 import os
 import sys
 
-COMMANDS = {"combo", "provider", "key", "config", "catalog", "status", "serve", "token", "usage"}
+COMMANDS = {
+    "combo",
+    "provider",
+    "key",
+    "config",
+    "catalog",
+    "status",
+    "serve",
+    "token",
+    "usage",
+    "user",
+    "doctor",
+}
 USAGE = """usage: ocx <command> [...]
 
 commands:
   serve [--host H] [--port P] [--workers N] [--server daphne|uvicorn] [--demo] [--no-migrate]
   mock-upstream [--host H] [--port P]
   combo list|show|set|remove|mode ...   (also: ocx route combo ...)
-  provider list|show|set|remove ...
+  provider list|show|add|set|remove ...   (add NAME --preset openai|anthropic|chatgpt|...)
   key create --user U|list|revoke ID
   token create --user U                 (management token for a staff user)
+  user create NAME [--staff] [--password-stdin]|list|deactivate NAME
+  doctor [--probe] [--json] [--host H]  (checks the setup; non-zero exit on a failure)
   config load FILE [--replace]|dump
   catalog write PATH|show
   status [combo]
@@ -49,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImproperlyConfigured as exc:
         print(f"ocx: configuration error: {exc}", file=sys.stderr)
         return 2
-    if command not in ("serve",):
+    if command not in ("serve", "doctor"):  # serve migrates itself; doctor only looks
         _ensure_migrated()
     try:
         call_command(command, *rest)
@@ -62,14 +76,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _ensure_migrated() -> None:
-    # The CLI works on a fresh data dir without `ocx serve` having run first.
-    from django.core.management import call_command
-    from django.db import connection
-    from django.db.migrations.executor import MigrationExecutor
+    # The CLI works on a fresh data dir without `ocx serve` having run first, and says so when
+    # that created a database (e.g. run from another directory with OCX_DATA_DIR unset).
+    from ocxsite.doctor import created_message, migrate_if_needed
 
-    executor = MigrationExecutor(connection)
-    if executor.migration_plan(executor.loader.graph.leaf_nodes()):
-        call_command("migrate", verbosity=0, interactive=False)
+    if migrate_if_needed():
+        print(created_message(), file=sys.stderr)
 
 
 if __name__ == "__main__":

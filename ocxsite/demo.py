@@ -5,9 +5,12 @@ from __future__ import annotations
 from combos import services as combo_services
 from combos.models import Combo
 from ocxsite import access
+from ocxsite.models import ClientKey
 from providers import services as provider_services
 
 DEMO_KEY_NOTE = "demo"
+DEMO_USER = "demo"
+OLD_DEMO_USERS = ("mock",)  # releases before 2026-12 minted demo keys for "mock"
 
 
 def demo_setup(*, proxy_url: str, mock_url: str) -> str:
@@ -54,12 +57,19 @@ def demo_setup(*, proxy_url: str, mock_url: str) -> str:
         },
     )
     assert Combo.objects.filter(combo_id="demo").exists()
-    _, secret = access.client_key_create(username="mock", name=DEMO_KEY_NOTE)
+    # Idempotent: one demo user, one live demo key (the secret is shown once, so a restart
+    # mints a new key and revokes the previous ones rather than leaving them active).
+    previous = ClientKey.objects.filter(
+        user__username__in=(DEMO_USER, *OLD_DEMO_USERS), name=DEMO_KEY_NOTE
+    )
+    revoked = access.client_keys_revoke(keys=previous)
+    _, secret = access.client_key_create(username=DEMO_USER, name=DEMO_KEY_NOTE)
+    note = f"  (revoked {revoked} previous demo key(s))" if revoked else ""
     return f"""
 ocx demo is ready.
   mock upstream: {mock_url}
   combo:         combo/demo  (mock/mock-large, then mock-chat/mock-small)
-  client key:    {secret}   (shown once)
+  client key:    {secret}   (user {DEMO_USER}, shown once){note}
 
 Try it:
   curl -sN {proxy_url}/v1/responses \\

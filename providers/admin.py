@@ -8,7 +8,7 @@ from django.db import transaction
 from django.http import HttpRequest
 
 from combos.engine import validate
-from providers import services
+from providers import presets, services
 from providers.models import Provider, ProviderModel
 from providers.sealing import mask, seal
 
@@ -31,6 +31,42 @@ class ProviderForm(forms.ModelForm):  # type: ignore[type-arg]
         help_text="Write-only. Leave empty to keep the stored key. Prefer an environment variable.",
     )
     clear_api_key = forms.BooleanField(label="Remove the stored API key", required=False)
+    preset = forms.ChoiceField(
+        label="Preset",
+        required=False,
+        choices=[("", "— none —")]
+        + [(n, f"{n}: {p['description']}") for n, p in presets.PRESETS.items()],
+        help_text=(
+            "Fills adapter, base URL, key variable, headers and the preset's models "
+            f"(checked {presets.CHECKED}; check the numbers). Fields you fill in win."
+        ),
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # With a preset the adapter and base URL may be left empty (the preset fills them).
+        for field in ("adapter", "base_url"):
+            if field in self.fields:
+                self.fields[field].required = False
+
+    def _apply_preset(self, cleaned: dict[str, Any]) -> None:
+        name = cleaned.get("preset")
+        if not name:
+            for field in ("adapter", "base_url"):
+                if not cleaned.get(field):
+                    self.add_error(field, "This field is required (or choose a preset).")
+            return
+        base = presets.preset_provider(name)
+        for field, key in (("adapter", "adapter"), ("base_url", "baseUrl")):
+            if not cleaned.get(field):
+                cleaned[field] = base[key]
+                setattr(self.instance, field, base[key])
+        if not cleaned.get("api_key_env") and base.get("apiKeyEnv"):
+            cleaned["api_key_env"] = base["apiKeyEnv"]
+            self.instance.api_key_env = base["apiKeyEnv"]
+        headers = {**base.get("headers", {}), **(cleaned.get("headers") or {})}
+        cleaned["headers"] = headers
+        self.instance.headers = headers
 
     class Meta:
         model = Provider
@@ -67,6 +103,7 @@ class ProviderForm(forms.ModelForm):  # type: ignore[type-arg]
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
+        self._apply_preset(cleaned)
         name = cleaned.get("name")
         if name and not self.errors:
             from combos.models import Combo
@@ -195,8 +232,27 @@ class ProviderAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             obj.api_key_hint = ""
         super().save_model(request, obj, form, change)
 
+    def get_fieldsets(self, request: HttpRequest, obj: Provider | None = None) -> Any:
+        if obj is not None:
+            return self.fieldsets
+        first = ((None, {"fields": ("preset", "name", "adapter", "base_url", "disabled")}),)
+        return first + tuple(self.fieldsets[1:])  # type: ignore[index]
+
     def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
         super().save_related(request, form, formsets, change)
+        preset = form.cleaned_data.get("preset")
+        if preset and not form.instance.models.exists():
+            # The preset's models, unless models were entered inline.
+            models = presets.preset_provider(preset).get("models", {})
+            for model_id, spec in models.items():
+                ProviderModel.objects.create(
+                    provider=form.instance,
+                    model_id=model_id,
+                    context_window=spec.get("contextWindow"),
+                    input_modalities=spec.get("inputModalities"),
+                    reasoning_efforts=spec.get("reasoningEfforts"),
+                    display_name=spec.get("displayName", ""),
+                )
         with transaction.atomic():
             services.config_bump()
 

@@ -7,8 +7,10 @@ from collections.abc import Mapping
 from django.apps import apps
 from django.db import transaction
 from django.db.models import F
+from django.dispatch import Signal
 
 from combos.engine import validate
+from providers import presets
 from providers.errors import ConfigError
 from providers.models import ConfigState, Provider, ProviderModel
 from providers.sealing import mask, seal
@@ -83,9 +85,11 @@ def _write_provider(name: str, raw: Mapping[str, object], existing: Provider | N
 
 
 def provider_set(*, name: str, raw: object) -> Provider:
-    """Create or replace a provider. `apiKey` omitted keeps the stored key (write-only)."""
+    """Create or replace a provider. `apiKey` omitted keeps the stored key (write-only).
+    `preset` fills the other fields from `providers.presets`; explicit fields win."""
     if not isinstance(raw, Mapping):
         raise ConfigError("provider must be an object")
+    raw = presets.expand(raw)
     name = name.strip() if isinstance(name, str) else name
     with transaction.atomic():
         issues = validate.validate_provider(name, raw, combo_ids=_combo_ids())

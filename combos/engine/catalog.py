@@ -182,9 +182,10 @@ def build_catalog(
         if isinstance(caps, str) or slug in slugs:
             reason = caps if isinstance(caps, str) else "duplicate_slug"
             result.omitted.append((combo.id, reason))
+            gaps = _member_gaps(combo, snapshot) if reason == "incomplete_metadata" else ""
             result.warnings.append(
                 f'Combo "{combo.id}" is omitted from the catalog because '
-                f"{OMISSION_DETAILS[reason]}: {keys}."
+                f"{OMISSION_DETAILS[reason]}: {keys}.{gaps}"
             )
             slugs.add(slug)  # still routable under this id, so it shadows provider rows too
             continue
@@ -236,6 +237,57 @@ def build_catalog(
         row["priority"] = priority
         result.models.append(row)
     return result
+
+
+# Model metadata a catalog row is built from, by its provider-config name.
+METADATA_FIELDS: tuple[str, ...] = ("contextWindow", "inputModalities", "reasoningEfforts")
+
+
+def model_gaps(spec: ModelSpec) -> tuple[str, ...]:
+    """The metadata fields `spec` lacks (contextWindow is required for combo rows; without
+    inputModalities a model is text-only, without reasoningEfforts it has no effort picker)."""
+    present = {
+        "contextWindow": spec.context_window is not None and spec.context_window > 0,
+        "inputModalities": spec.input_modalities is not None,
+        "reasoningEfforts": spec.reasoning_efforts is not None,
+    }
+    return tuple(name for name in METADATA_FIELDS if not present[name])
+
+
+def _member_gaps(combo: ComboSpec, snapshot: ConfigSnapshot) -> str:
+    notes = []
+    for target in combo.targets:
+        provider = snapshot.providers.get(target.provider)
+        spec = provider.models.get(target.model) if provider is not None else None
+        if spec is not None and "contextWindow" in model_gaps(spec):
+            notes.append(f"{target.key} lacks {', '.join(model_gaps(spec))}")
+    return (" " + "; ".join(notes) + ".") if notes else ""
+
+
+def catalog_problems(snapshot: ConfigSnapshot, result: CatalogResult) -> list[str]:
+    """Why the catalog is empty or thin, in terms an operator can act on: providers without
+    models, and every model (by `provider/model`) with the metadata fields it lacks."""
+    lines: list[str] = []
+    enabled = [snapshot.providers[n] for n in sorted(snapshot.providers)]
+    enabled = [p for p in enabled if not p.disabled]
+    if not result.models:
+        if not enabled:
+            lines.append("the catalog is empty: no enabled provider is configured")
+        for provider in enabled:
+            if not provider.models:
+                lines.append(
+                    f"the catalog is empty: provider {provider.name} has no models "
+                    f"(add them with `ocx provider add {provider.name} --preset P` "
+                    "or `--model ID:CONTEXT_WINDOW`)"
+                )
+    for provider in enabled:
+        for model_id, spec in provider.models.items():
+            gaps = model_gaps(spec)
+            if gaps:
+                lines.append(f"model {provider.name}/{model_id} lacks {', '.join(gaps)}")
+    for combo_id, reason in result.omitted:
+        lines.append(f"combo/{combo_id} is left out of the catalog: {OMISSION_DETAILS[reason]}")
+    return lines
 
 
 def catalog_json(result: CatalogResult) -> bytes:

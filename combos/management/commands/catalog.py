@@ -12,7 +12,18 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from combos import selectors
-from combos.engine.catalog import catalog_json, validate_catalog
+from combos.engine.catalog import catalog_json, catalog_problems, validate_catalog
+
+USAGE = """\
+ocx catalog write PATH
+       ocx catalog show
+"""
+EPILOG = """\
+examples:
+  ocx catalog write ~/.codex/ocx-catalog.json     # then model_catalog_json = "ocx-catalog.json"
+  ocx catalog show | python -m json.tool
+Codex reads the file once at start: restart it after writing.
+"""
 
 
 class Command(BaseCommand):
@@ -27,7 +38,11 @@ class Command(BaseCommand):
         data = catalog_json(result)
         problems = validate_catalog(data)
         if problems:
-            raise CommandError("the generated catalog is invalid: " + "; ".join(problems[:3]))
+            # Say what to fix (which provider or model lacks what), not only the schema rule.
+            hints = catalog_problems(selectors.config_snapshot(), result)
+            raise CommandError(
+                "the generated catalog is invalid: " + "; ".join((hints or problems)[:4])
+            )
         for line in result.warnings:
             self.stderr.write(line)
         if argv == ["show"]:

@@ -14,7 +14,6 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 WORKERS_NEED_REDIS = (
@@ -112,8 +111,16 @@ class Command(BaseCommand):
             raise CommandError(WORKERS_NEED_REDIS.format(n=workers))
         server: str = options["server"]
         check_server(server)
-        if not options["no_migrate"]:
-            call_command("migrate", verbosity=0, interactive=False)
+        from ocxsite.doctor import (
+            created_message,
+            data_dir_note,
+            database_label,
+            migrate_if_needed,
+        )
+
+        if not options["no_migrate"] and migrate_if_needed():
+            self.stderr.write(created_message())
+        self.stdout.write(f"ocx database: {database_label()} ({data_dir_note()})")
         sock = _listen(options["host"], options["port"])
         host, port = sock.getsockname()[:2]
         children: list[subprocess.Popen[bytes]] = []
@@ -134,12 +141,12 @@ class Command(BaseCommand):
             if not Provider.objects.exists():
                 self.stdout.write(
                     "No providers yet. Add one with:\n"
-                    "  ocx provider set openai --adapter openai-responses "
-                    "--base-url https://api.openai.com/v1 --api-key-env OPENAI_API_KEY\n"
-                    "or open the admin at /admin/ (create a user with "
-                    "`python manage.py createsuperuser`)."
+                    "  ocx provider add openai --preset openai   (key from $OPENAI_API_KEY)\n"
+                    "or open the admin at /admin/ (create a login with "
+                    "`ocx user create NAME --staff`). Check the setup with `ocx doctor`."
                 )
-        env = {**os.environ, "OCX_WORKER": "1"}
+        # OCX_WORKER_COUNT: each worker's share of an rpm limit while Redis is out (redis_guard).
+        env = {**os.environ, "OCX_WORKER": "1", "OCX_WORKER_COUNT": str(workers)}
         if workers > 1:
             # Each worker has its own metrics; prometheus_client sums them through files here.
             metrics_dir = settings.OCX_DATA_DIR / f"prometheus-{os.getpid()}"

@@ -1,15 +1,17 @@
-"""`ocx provider list|show|set|remove`."""
+"""`ocx provider list|show|add|set|remove`."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from providers import selectors, services
+from providers import presets, selectors, services
 from providers.errors import ConfigError
 from providers.models import Provider
 
@@ -34,8 +36,62 @@ def _set_parser() -> _Parser:
     return p
 
 
+def _headers(items: list[str], current: Mapping[str, object]) -> dict[str, object]:
+    headers = dict(current)
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise CommandError(f"invalid header {item!r}; use NAME=VALUE")
+        headers[name.strip()] = value
+    return headers
+
+
+def _models(items: list[str], current: Mapping[str, Any]) -> dict[str, Any]:
+    models = dict(current)
+    for item in items:
+        model_id, sep, ctx = item.rpartition(":")
+        if sep and ctx.isdigit():
+            models[model_id] = {**models.get(model_id, {}), "contextWindow": int(ctx)}
+        else:
+            models.setdefault(item, {})
+    return models
+
+
+USAGE = """\
+ocx provider list
+       ocx provider show NAME
+       ocx provider add NAME --preset openai|anthropic|chatgpt|openrouter|ollama|vllm
+                        [--base-url URL] [--api-key-env VAR | --api-key-stdin]
+                        [--header NAME=VALUE ...] [--model ID[:CONTEXT_WINDOW] ...]
+       ocx provider set NAME --adapter A --base-url URL [--api-key-env VAR | --api-key-stdin]
+                        [--header NAME=VALUE ...] [--model ID[:CONTEXT_WINDOW] ...]
+                        [--disabled | --enabled] [--from-json JSON]
+       ocx provider remove NAME --yes
+"""
+EPILOG = """\
+adapters: openai-responses, openai-chat, anthropic, chatgpt.
+
+examples:
+  ocx provider add openai --preset openai          # key from $OPENAI_API_KEY
+  ocx provider set openai --adapter openai-responses --base-url https://api.openai.com/v1 \\
+      --api-key-env OPENAI_API_KEY --model gpt-5.2:400000
+  printf '%s' "$KEY" | ocx provider set local --adapter openai-chat \\
+      --base-url http://127.0.0.1:8000/v1 --api-key-stdin --model qwen3-coder:128000
+  ocx provider show openai
+  ocx provider set openai --disabled
+  ocx provider remove local --yes
+"""
+
+
 class Command(BaseCommand):
-    help = "List, show, create/update and remove providers."
+    help = "List, show, add (from a preset), create/update and remove providers."
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        # `ocx provider --help`: the usage and examples below (ocxsite/cli.py prints them).
+        kwargs.setdefault("usage", USAGE)
+        kwargs.setdefault("epilog", EPILOG)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        return super().create_parser(prog_name, subcommand, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("args", nargs=argparse.REMAINDER)
@@ -55,6 +111,8 @@ class Command(BaseCommand):
                 self._show(rest)
             elif sub == "set":
                 self._set(rest)
+            elif sub == "add":
+                self._add(rest)
             elif sub == "remove":
                 self._remove(rest)
             else:
@@ -117,22 +175,9 @@ class Command(BaseCommand):
                 raise CommandError("no API key on stdin")
             raw["apiKey"] = key
         if ns.header:
-            headers = dict(raw.get("headers") or {})  # type: ignore[call-overload]
-            for item in ns.header:
-                name, sep, value = item.partition("=")
-                if not sep or not name.strip():
-                    raise CommandError(f"invalid header {item!r}; use NAME=VALUE")
-                headers[name.strip()] = value
-            raw["headers"] = headers
+            raw["headers"] = _headers(ns.header, raw.get("headers") or {})  # type: ignore[arg-type]
         if ns.model:
-            models = dict(raw.get("models") or {})  # type: ignore[call-overload]
-            for item in ns.model:
-                model_id, sep, ctx = item.rpartition(":")
-                if sep and ctx.isdigit():
-                    models[model_id] = {**models.get(model_id, {}), "contextWindow": int(ctx)}
-                else:
-                    models.setdefault(item, {})
-            raw["models"] = models
+            raw["models"] = _models(ns.model, raw.get("models") or {})  # type: ignore[arg-type]
         if ns.disabled and ns.enabled:
             raise CommandError("--disabled and --enabled are exclusive")
         if ns.disabled:
@@ -141,6 +186,57 @@ class Command(BaseCommand):
             raw.pop("disabled", None)
         provider = services.provider_set(name=ns.name, raw=raw)
         self.stdout.write(f"Saved provider {provider.name}.")
+
+    def _add(self, rest: list[str]) -> None:
+        p = _Parser(prog="ocx provider add", add_help=False)
+        p.add_argument("name")
+        p.add_argument("--preset", required=True, choices=presets.NAMES)
+        p.add_argument("--base-url")
+        p.add_argument("--api-key-env")
+        p.add_argument("--api-key-stdin", action="store_true")
+        p.add_argument("--header", action="append", default=[], metavar="NAME=VALUE")
+        p.add_argument("--model", action="append", default=[], metavar="ID[:CONTEXT_WINDOW]")
+        ns = p.parse_args(rest)
+        if Provider.objects.filter(name=ns.name).exists():
+            raise CommandError(
+                f"provider {ns.name} already exists; change it with: ocx provider set {ns.name} …"
+            )
+        raw: dict[str, object] = {"preset": ns.preset}
+        if ns.base_url:
+            raw["baseUrl"] = ns.base_url
+        if ns.api_key_env:
+            raw["apiKeyEnv"] = ns.api_key_env
+        if ns.api_key_stdin:
+            key = sys.stdin.readline().strip()
+            if not key:
+                raise CommandError("no API key on stdin")
+            raw["apiKey"] = key
+        if ns.header:
+            raw["headers"] = _headers(ns.header, {})
+        if ns.model:
+            raw["models"] = _models(ns.model, {})
+        services.provider_set(name=ns.name, raw=raw)
+        provider = Provider.objects.prefetch_related("models").get(name=ns.name)
+        stored = selectors.provider_stored_raw(provider)
+        models = ", ".join(m.model_id for m in provider.models.all()) or "none"
+        self.stdout.write(
+            f"Added provider {provider.name} from preset {ns.preset}: {provider.adapter} "
+            f"{provider.base_url}; models: {models}."
+        )
+        env = stored.get("apiKeyEnv")
+        if isinstance(env, str) and env:
+            note = "" if os.environ.get(env) else " (not set in this shell)"
+            self.stdout.write(f"Its key is read from ${env}{note} by `ocx serve` at each request.")
+        if provider.adapter == "chatgpt":
+            self.stdout.write(
+                "Callers use their own ChatGPT login: Codex sends its ChatGPT token as the "
+                "bearer, and the ocx key goes in the x-ocx-key header (see README)."
+            )
+        if not provider.models.exists():
+            self.stdout.write(
+                f"Add the models you serve: ocx provider set {provider.name} "
+                "--model ID:CONTEXT_WINDOW"
+            )
 
     def _remove(self, rest: list[str]) -> None:
         names = [a for a in rest if a != "--yes"]

@@ -1,0 +1,314 @@
+"""`ocx user`, `ocx doctor`, the data-directory notice and the idempotent demo (issue 14)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from ocxsite import access, doctor
+from ocxsite.cli import main
+from ocxsite.demo import demo_setup
+from ocxsite.models import ClientKey
+from providers import services as provider_services
+from tests.conftest import ROOT, Mock, start_server
+
+pytestmark = pytest.mark.django_db
+
+PASSWORD = "correct-horse-battery-9"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def stdin(monkeypatch: pytest.MonkeyPatch, text: str, *, tty: bool = False) -> None:
+    fake = io.StringIO(text)
+    fake.isatty = lambda: tty  # type: ignore[method-assign]
+    monkeypatch.setattr(sys, "stdin", fake)
+
+
+# --- ocx user ---------------------------------------------------------------------------
+
+
+def test_user_create_staff_from_stdin_can_log_in(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stdin(monkeypatch, PASSWORD + "\n")
+    code, out, err = run(capsys, "user", "create", "alice", "--staff", "--password-stdin")
+    assert (code, err) == (0, "")
+    assert out == "Created staff user (admin login at /admin/) alice.\n"
+    user = get_user_model().objects.get(username="alice")
+    assert user.is_staff and user.is_active and user.check_password(PASSWORD)
+    from django.test import Client
+
+    client = Client()
+    assert client.login(username="alice", password=PASSWORD)
+    assert client.get("/admin/").status_code == 200
+
+
+def test_user_create_prompts_twice(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stdin(monkeypatch, "", tty=True)
+    answers = iter([PASSWORD, PASSWORD])
+    prompts: list[str] = []
+
+    def fake_getpass(prompt: str) -> str:
+        prompts.append(prompt)
+        return next(answers)
+
+    monkeypatch.setattr("getpass.getpass", fake_getpass)
+    code, out, err = run(capsys, "user", "create", "bob")
+    assert (code, err) == (0, "")
+    assert prompts == ["Password for bob: ", "Password (again): "]
+    user = get_user_model().objects.get(username="bob")
+    assert not user.is_staff and user.check_password(PASSWORD)
+
+
+def test_user_create_mismatch_and_no_tty_change_nothing(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stdin(monkeypatch, "", tty=True)
+    answers = iter([PASSWORD, PASSWORD + "x"])
+    monkeypatch.setattr("getpass.getpass", lambda prompt: next(answers))
+    code, out, err = run(capsys, "user", "create", "bob", "--staff")
+    assert (code, out, err) == (1, "", "ocx: the passwords do not match\n")
+    stdin(monkeypatch, "", tty=False)
+    code, out, err = run(capsys, "user", "create", "bob", "--staff")
+    assert code == 1 and "--password-stdin" in err
+    stdin(monkeypatch, "short\n")
+    code, out, err = run(capsys, "user", "create", "bob", "--staff", "--password-stdin")
+    assert code == 1 and "too short" in err
+    assert not get_user_model().objects.filter(username="bob").exists()
+
+
+def test_user_create_existing_and_staff_without_password_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    access.client_key_create(username="carol")
+    code, _, err = run(capsys, "user", "create", "carol", "--no-password")
+    assert (code, err) == (1, "ocx: user carol already exists\n")
+    code, _, err = run(capsys, "user", "create", "dave", "--staff", "--no-password")
+    assert (code, err) == (1, "ocx: a staff user needs a password to log in to /admin/\n")
+    assert not get_user_model().objects.filter(username="dave").exists()
+
+
+def test_user_list_and_deactivate_stops_keys(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert run(capsys, "user", "list")[1] == (
+        "No users. Create one with: ocx user create NAME --staff\n"
+    )
+    stdin(monkeypatch, PASSWORD + "\n")
+    assert run(capsys, "user", "create", "alice", "--staff", "--password-stdin")[0] == 0
+    assert run(capsys, "user", "create", "bob", "--no-password")[0] == 0
+    _, secret = access.client_key_create(username="bob")
+    assert access.digest(secret) in access.client_keys_active()
+    code, out, _ = run(capsys, "user", "list")
+    assert code == 0
+    assert out.splitlines() == [
+        "alice  staff  active    0 key(s)",
+        "bob    user   active    1 key(s)  (no password)",
+    ]
+    code, out, err = run(capsys, "user", "deactivate", "bob")
+    assert (code, out, err) == (0, "Deactivated bob; 1 active key(s) no longer work.\n", "")
+    assert access.digest(secret) not in access.client_keys_active()
+    assert run(capsys, "user", "list")[1].splitlines()[1] == (
+        "bob    user   inactive  1 key(s)  (no password)"
+    )
+    assert run(capsys, "user", "deactivate", "bob")[2] == "ocx: user bob is already inactive\n"
+    assert run(capsys, "user", "deactivate", "nobody")[2] == "ocx: no user nobody\n"
+
+
+# --- ocx doctor -------------------------------------------------------------------------
+
+
+def doctor_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, object]]:
+    code, out, _ = run(capsys, "doctor", "--json", *argv)
+    return code, json.loads(out)
+
+
+def verdicts(report: dict[str, object]) -> dict[str, str]:
+    return {c["name"]: c["verdict"] for c in report["checks"]}  # type: ignore[attr-defined,index]
+
+
+def test_doctor_empty_setup_is_ok_and_names_the_database(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run(capsys, "doctor")
+    assert code == 0, out + err
+    lines = out.splitlines()
+    assert lines[0].split(None, 2)[:2] == ["data", "directory"]
+    assert lines[1].startswith("database        ")
+    assert any(line.startswith("ok    migrations") for line in lines)
+    assert any(line.startswith("warn  providers") for line in lines)
+
+
+def test_doctor_credentials_combos_and_hosts(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DOCTOR_TEST_KEY", raising=False)
+    provider_services.provider_set(
+        name="up", raw={"preset": "openai", "apiKeyEnv": "DOCTOR_TEST_KEY"}
+    )
+    provider_services.provider_set(name="local", raw={"preset": "ollama"})
+    from combos import services as combo_services
+
+    combo_services.combo_set(
+        combo_id="team", raw={"targets": [{"provider": "up", "model": "gpt-5.5"}]}
+    )
+    code, report = doctor_json(capsys)
+    assert code == 1 and report["ok"] is False
+    v = verdicts(report)
+    assert v["provider up"] == "fail"
+    assert v["combo/team"] == "fail"
+    assert v["provider local"] == "warn"  # no models yet
+    detail = {c["name"]: c["detail"] for c in report["checks"]}  # type: ignore[attr-defined]
+    assert "DOCTOR_TEST_KEY is not set" in detail["combo/team"]
+    assert "no models" in detail["provider local"]
+
+    monkeypatch.setenv("DOCTOR_TEST_KEY", "sk-doctor-test-0000")
+    code, report = doctor_json(capsys)
+    v = verdicts(report)
+    assert (v["provider up"], v["combo/team"]) == ("ok", "ok")
+    assert "sk-doctor-test-0000" not in json.dumps(report)
+    assert code == 0  # a warn does not fail
+
+    code, report = doctor_json(capsys, "--host", "0.0.0.0")
+    assert code == 1 and verdicts(report)["allowed hosts"] == "fail"
+    monkeypatch.setattr("django.conf.settings.ALLOWED_HOSTS", ["ocx.internal", "localhost"])
+    code, report = doctor_json(capsys, "--host", "0.0.0.0")
+    assert code == 0 and verdicts(report)["allowed hosts"] == "ok"
+    code, report = doctor_json(capsys, "--host", "10.9.9.9")
+    assert code == 1 and verdicts(report)["allowed hosts"] == "fail"
+
+
+def test_doctor_redis_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("django.conf.settings.OCX_REDIS_URL", "redis://127.0.0.1:1/0")
+    check = doctor.check_redis()
+    assert check.verdict == "fail" and "127.0.0.1:1" in check.detail
+    url = os.environ.get("REDIS_URL")
+    if url:
+        monkeypatch.setattr("django.conf.settings.OCX_REDIS_URL", url)
+        assert doctor.check_redis().verdict == "ok"
+
+
+def test_doctor_secret_key_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OCX_SECRET_KEY", "x" * 40)
+    assert doctor.check_secret_key().detail == "from OCX_SECRET_KEY"
+    monkeypatch.delenv("OCX_SECRET_KEY")
+    assert "secret.key" in doctor.check_secret_key().detail
+
+
+def test_doctor_probe_hits_each_provider_once(
+    capsys: pytest.CaptureFixture[str], mock: Mock
+) -> None:
+    base = mock.url + "/v1"
+    for name, preset, model in (
+        ("o", "openai", "probe-resp"),
+        ("a", "anthropic", "probe-anth"),
+        ("c", "vllm", "probe-chat"),
+    ):
+        provider_services.provider_set(
+            name=name,
+            raw={
+                "preset": preset,
+                "baseUrl": base,
+                "apiKey": "sk-probe-0123456789",
+                "apiKeyEnv": None,
+                "models": {model: {"contextWindow": 1000}},
+            },
+        )
+    mock.script("probe-anth", [{"status": 401}])
+    code, report = doctor_json(capsys, "--probe")
+    v = verdicts(report)
+    assert (v["probe o"], v["probe a"], v["probe c"]) == ("ok", "fail", "ok")
+    assert code == 1
+    assert mock.hits("probe-resp") == mock.hits("probe-anth") == mock.hits("probe-chat") == 1
+    paths = {e["model"]: e["path"] for e in mock.log()}
+    assert paths == {
+        "probe-resp": "/v1/responses",
+        "probe-anth": "/v1/messages",
+        "probe-chat": "/v1/chat/completions",
+    }
+    assert all(e["stream"] is False for e in mock.log())
+
+
+# --- data directory ---------------------------------------------------------------------
+
+
+def _ocx(args: list[str], data_dir: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    env["OCX_DATA_DIR"] = str(data_dir)
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "ocxsite.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_command_that_creates_the_database_says_so(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    first = _ocx(["combo", "list"], data, tmp_path)
+    assert first.returncode == 0, first.stderr
+    db = (data / "ocx.sqlite3").resolve()
+    assert first.stderr == (f"ocx: created a new database at {db} (OCX_DATA_DIR={data})\n")
+    again = _ocx(["combo", "list"], data, tmp_path)
+    assert (again.returncode, again.stderr) == (0, "")
+    # The doctor looks but never creates.
+    other = tmp_path / "other"
+    looked = _ocx(["doctor"], other, tmp_path)
+    assert looked.returncode == 1
+    assert "fail  migrations" in looked.stdout and "no database at" in looked.stdout
+    assert not (other / "ocx.sqlite3").exists()
+
+
+# --- demo -------------------------------------------------------------------------------
+
+
+def test_demo_is_idempotent_one_user_one_live_key() -> None:
+    access.client_key_create(username="mock", name="demo")  # left by an older release
+    first = demo_setup(proxy_url="http://p", mock_url="http://m")
+    assert "(revoked 1 previous demo key(s))" in first
+    second = demo_setup(proxy_url="http://p", mock_url="http://m")
+    assert "(revoked 1 previous demo key(s))" in second
+    live = ClientKey.objects.filter(revoked__isnull=True)
+    assert [k.user.get_username() for k in live] == ["demo"]
+    secret = second.split("client key:")[1].split()[0]
+    assert access.digest(secret) == live.get().digest
+    assert "user demo" in second
+
+
+def test_serve_prints_its_database_and_demo_user(tmp_path: Path) -> None:
+    server, stop = start_server(tmp_path, server_args=["--demo", "--mock-port", "0"])
+    try:
+        out = "".join(server.output)
+        assert "ocx database: " in out
+        if "DATABASE_URL" not in server.env:
+            assert f"ocx database: {(tmp_path / 'ocx.sqlite3').resolve()}" in out
+            assert "ocx: created a new database at" in out
+        assert "(user demo, shown once)" in out
+        secret = out.split("client key:")[1].split()[0]
+        r = server.http.post(
+            "/v1/responses",
+            headers={"Authorization": f"Bearer {secret}"},
+            json={"model": "combo/demo", "input": "hi"},
+        )
+        assert r.status_code == 200, r.text
+    finally:
+        stop()
