@@ -63,6 +63,15 @@ def render() -> tuple[bytes, str]:
         from prometheus_client import multiprocess
 
         registry = CollectorRegistry()
+REDIS_DEGRADED = Gauge(
+    "ocx_redis_degraded",
+    "1 while a worker routes on its own state because Redis is unreachable",
+    multiprocess_mode="livemax",
+)
+REDIS_OUTAGES = Counter(
+    "ocx_redis_outages", "Times a worker lost Redis and switched to its own state"
+)
+
         multiprocess.MultiProcessCollector(registry)
         return generate_latest(registry), CONTENT_TYPE_LATEST
     return generate_latest(), CONTENT_TYPE_LATEST

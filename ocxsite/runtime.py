@@ -16,7 +16,9 @@ import logging
 import random
 from collections.abc import Mapping
 
+import os
 import httpx
+import time
 from channels.layers import get_channel_layer
 from django.conf import settings
 
@@ -32,6 +34,13 @@ from ocxsite.recall_store import MemoryRecall, RedisRecall
 from providers.upstream import ClientPool
 from quota import services as quota_services
 from quota.tracker import JsonStore, MemoryJsonStore, QuotaTracker
+from ocxsite.redis_guard import (
+    GuardedJsonStore,
+    GuardedLimiter,
+    GuardedRecall,
+    GuardedStateStore,
+    RedisBreaker,
+)
 from quota.windows import Transition, Window, transition_message
 
 log = logging.getLogger("ocx.runtime")
@@ -55,12 +64,22 @@ class Runtime:
         self.snapshot: ConfigSnapshot | None = None
         self.keys: Mapping[str, KeyInfo] = {}
         self.keys_version = -1
-        self.store: StateStore = store or _default_store()
+        # One circuit breaker per worker in front of every Redis-backed store (redis_guard).
+        self.redis: RedisBreaker | None = (
+            RedisBreaker(
+                settings.OCX_REDIS_URL,
+                timeout_s=settings.OCX_REDIS_TIMEOUT_MS / 1000,
+                on_change=self._on_redis,
+            )
+            if settings.OCX_REDIS_URL
+            else None
+        )
+        self.store: StateStore = store or _default_store(self.redis)
         self.clients: dict[str, ClientPool] = {}
         self.rng = random.Random()
         self.shared = bool(settings.OCX_REDIS_URL)
         self.tracker = QuotaTracker(
-            _quota_store(), on_transition=self._on_transition, on_windows=self._on_windows
+            _quota_store(self.redis), on_transition=self._on_transition, on_windows=self._on_windows
         )
         self.requestlog = requestlog.new_writer()
         self.snapshots: BatchWriter[tuple[str, str, list[Window]]] = BatchWriter(
@@ -69,16 +88,16 @@ class Runtime:
         self.transitions: BatchWriter[quota_services.TransitionEvent] = BatchWriter(
             "quota transitions", quota_services.transitions_write, maxsize=1000
         )
-        self.recall: MemoryRecall | RedisRecall = (
-            RedisRecall(settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX)
-            if settings.OCX_REDIS_URL
-            else MemoryRecall()
-        )
-        self.limiter: MemoryLimiter | RedisLimiter = (
-            RedisLimiter(settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX)
-            if settings.OCX_REDIS_URL
-            else MemoryLimiter()
-        )
+        self.recall: MemoryRecall | GuardedRecall = MemoryRecall()
+        self.limiter: MemoryLimiter | GuardedLimiter = MemoryLimiter()
+        if settings.OCX_REDIS_URL and self.redis is not None:
+            url, prefix = settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX
+            self.recall = GuardedRecall(RedisRecall(url, prefix), self.redis)
+            # While Redis is out each worker allows its share: `limit / workers`.
+            workers = int(os.environ.get("OCX_WORKER_COUNT") or 1)
+            self.limiter = GuardedLimiter(RedisLimiter(url, prefix), self.redis, workers)
+        # Budgets per key and user (PRODUCT §9.5): counters in Redis when set.
+        self.budgets = budget_events.new_gate(self.emit, lambda: int(time.time() * 1000))
         self._started: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
@@ -103,7 +122,7 @@ class Runtime:
             for combo_id, spec in old.combos.items():
                 # A shared (Redis) store is reset once by the config write path instead.
                 changed = snapshot.combos.get(combo_id) != spec
-                if changed and isinstance(self.store, MemoryStateStore):
+                if changed and isinstance(self.store, MemoryStateStore | GuardedStateStore):
                     self.store.forget(combo_id)
             for name, provider in old.providers.items():
                 new = snapshot.providers.get(name)
@@ -180,7 +199,24 @@ class Runtime:
             }
         )
 
-    def emit(self, event: dict[str, object]) -> None:
+    def _on_redis(self, degraded: bool, detail: dict[str, object]) -> None:
+        metrics.REDIS_DEGRADED.set(1 if degraded else 0)
+        if degraded:
+            metrics.REDIS_OUTAGES.inc()
+        # Delivered only where the channel layer still works (it lives in Redis too): the
+        # "back" event always is, and carries the outage's length.
+        self.emit(
+            {
+                "kind": "dependency",
+                "dependency": "redis",
+                "status": "degraded" if degraded else "ok",
+                "at": int(time.time() * 1000),
+                **detail,
+            },
+            force=True,
+        )
+
+    def emit(self, event: dict[str, object], *, force: bool = False) -> None:
         """Push a routing event to `/ws/events` subscribers (fire and forget)."""
         layer = get_channel_layer()
         if layer is None:
@@ -214,19 +250,21 @@ def transition_text(snapshot: ConfigSnapshot | None, provider: str, transition: 
     return transition_message(transition, primary=provider, fallback=fallback or "the next target")
 
 
-def _quota_store() -> JsonStore:
-    if settings.OCX_REDIS_URL:
+def _quota_store(breaker: RedisBreaker | None) -> JsonStore:
+    if settings.OCX_REDIS_URL and breaker is not None:
         from quota.redis_store import RedisJsonStore
 
-        return RedisJsonStore(settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX)
+        shared = RedisJsonStore(settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX)
+        return GuardedJsonStore(shared, breaker)
     return MemoryJsonStore()
 
 
-def _default_store() -> StateStore:
-    if settings.OCX_REDIS_URL:
+def _default_store(breaker: RedisBreaker | None) -> StateStore:
+    if settings.OCX_REDIS_URL and breaker is not None:
         from ocxsite.redis_state import RedisStateStore
 
-        return RedisStateStore(settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX)
+        shared = RedisStateStore(settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX)
+        return GuardedStateStore(shared, breaker)
     return MemoryStateStore()
 
 
@@ -238,3 +276,5 @@ def get_runtime() -> Runtime:
     if _runtime is None:
         _runtime = Runtime()
     return _runtime
+        if self.redis is not None and self.redis.open and not force:
+            return  # the Redis channel layer is unreachable: do not pile up failing sends

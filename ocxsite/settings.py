@@ -128,6 +128,8 @@ INSTALLED_APPS = [
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
+# Redis calls on the request path give up after this; then the worker routes on its own state.
+OCX_REDIS_TIMEOUT_MS = env_int("OCX_REDIS_TIMEOUT_MS", 50, minimum=1)
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",

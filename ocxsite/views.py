@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import redis
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -16,8 +17,15 @@ def healthz(request: HttpRequest) -> JsonResponse:
 
 
 def readyz(request: HttpRequest) -> JsonResponse:
+    """`ok`; `degraded` (still 200, so a load balancer keeps the worker: it serves, with the
+    detail of what is missing); `unavailable` (503) only when it cannot serve at all."""
+    from ocxsite.runtime import get_runtime
+
+    runtime = get_runtime()
     checks: dict[str, str] = {}
+    detail: list[str] = []
     version: int | None = None
+    serving = runtime.snapshot is not None
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
@@ -25,18 +33,44 @@ def readyz(request: HttpRequest) -> JsonResponse:
         version = selectors.config_version()
     except Exception as exc:  # noqa: BLE001 - any failure means "not ready"
         checks["database"] = f"error: {type(exc).__name__}"
+        detail.append(
+            "database unreachable: proxying from the loaded configuration; request log "
+            "queued; the management API and admin answer 503"
+        )
+    out: dict[str, object] = {}
     if settings.OCX_REDIS_URL:
-        import redis
-
-        try:
-            redis.Redis.from_url(settings.OCX_REDIS_URL, socket_timeout=1).ping()
-            checks["redis"] = "ok"
-        except redis.RedisError as exc:
-            checks["redis"] = f"error: {type(exc).__name__}"
-    ready = all(v == "ok" for v in checks.values())
+        breaker = runtime.redis
+        if breaker is not None and breaker.open:
+            checks["redis"] = f"error: {breaker.reason}"
+        else:
+            client = redis.Redis.from_url(
+                settings.OCX_REDIS_URL, socket_timeout=1, socket_connect_timeout=1
+            )
+            try:
+                client.ping()
+                checks["redis"] = "ok"
+            except redis.RedisError as exc:
+                checks["redis"] = f"error: {type(exc).__name__}"
+            finally:
+                client.close()
+        if checks["redis"] != "ok":
+            detail.append(
+                "redis unreachable: each worker routes on its own copy of the routing state; "
+                "rpm limits are limit/workers per worker"
+            )
+        if breaker is not None:
+            out["routingState"] = breaker.status()
+    if all(v == "ok" for v in checks.values()):
+        status = "ok"
+    elif checks["database"] == "ok" or serving:
+        status = "degraded"
+    else:
+        status = "unavailable"
+    if detail:
+        out["detail"] = detail
     return JsonResponse(
-        {"status": "ok" if ready else "unavailable", **checks, "configVersion": version},
-        status=200 if ready else 503,
+        {"status": status, **checks, "configVersion": version, **out},
+        status=503 if status == "unavailable" else 200,
     )
 
 

@@ -10,7 +10,7 @@ into stored events, logs and WebSocket pushes off the hot path. No Django here.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, TypeVar
 
 from quota import windows as qw
@@ -214,6 +214,44 @@ class QuotaTracker:
             if raw is not None:
                 out[(provider, credential)] = _load((provider, credential), raw)
         return out
+
+
+def merge_records(
+    shared: Mapping[str, Any] | None, local: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """Fold one worker's quota record, kept while the shared store was unreachable, into the
+    shared one: the state whose last transition is later wins (a limit either side saw keeps
+    holding until its reset; on a tie, the later `hold_until_ms`), and per window the latest
+    observation. Probe leases are not carried over (they end with their requests)."""
+    if local is None:
+        return None if shared is None else dict(shared)
+    try:
+        mine = Record.from_json(local)
+    except (KeyError, ValueError, TypeError):
+        return None if shared is None else dict(shared)
+    if shared is None:
+        theirs = None
+    else:
+        try:
+            theirs = Record.from_json(shared)
+        except (KeyError, ValueError, TypeError):
+            theirs = None
+    if theirs is None:
+        return Record(replace(mine.state, probe_lease_until_ms=None), mine.windows).to_json()
+
+    def rank(record: Record) -> tuple[int, int]:
+        at = record.state.last_transition.at_ms if record.state.last_transition else -1
+        return at, record.state.hold_until_ms or -1
+
+    state = mine.state if rank(mine) > rank(theirs) else theirs.state
+    if state is mine.state:
+        state = replace(state, probe_lease_until_ms=theirs.state.probe_lease_until_ms)
+    latest: dict[tuple[str, str, str, str], qw.Window] = {}
+    for w in (*theirs.windows, *mine.windows):
+        key = (w.source, w.limit_id, w.name, w.scope)
+        if key not in latest or w.observed_at_ms > latest[key].observed_at_ms:
+            latest[key] = w
+    return Record(state, tuple(latest.values())).to_json()
 
 
 def _merge_windows(old: Iterable[qw.Window], new: Iterable[qw.Window]) -> tuple[qw.Window, ...]:

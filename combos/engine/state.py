@@ -260,6 +260,28 @@ def note_abort(state: ComboState, combo: ComboSpec, key: str, *, probe: bool = F
     return replace(state, probes=_without(state.probes, key))
 
 
+def merge(shared: ComboState, local: ComboState) -> ComboState:
+    """Fold one worker's state, kept while the shared store was unreachable, into the shared one
+    (PRODUCT §2.2): per target the later cooldown end wins, so a cooldown either side set keeps
+    holding. The rotation stays the shared one (other workers went on with it) unless the
+    shared state is empty (lost, or nothing was ever written). Probe leases stay the shared
+    ones: a local lease ends with its request, whose outcome the worker writes itself.
+    States of different definitions are not mixed: the newer config version wins whole."""
+    if shared.spec != local.spec and shared.spec is not None and local.spec is not None:
+        return local if local.revision > shared.revision else shared
+    if shared == ComboState():
+        return replace(local, probes=_EMPTY)
+    cooldowns = dict(shared.cooldowns)
+    for key, until in local.cooldowns.items():
+        cooldowns[key] = max(until, cooldowns.get(key, until))
+    return replace(
+        shared,
+        cooldowns=_frozen(cooldowns),
+        spec=shared.spec if shared.spec is not None else local.spec,
+        revision=max(shared.revision, local.revision),
+    )
+
+
 def clear(state: ComboState | None = None) -> ComboState:
     """Forget everything (after a PUT/DELETE of the combo): the empty state."""
     return ComboState()
@@ -308,6 +330,20 @@ class MemoryStateStore:
 
     async def clear(self, combo_id: str) -> None:
         self._states.pop(combo_id, None)
+
+    def seed(self, combo_id: str, state: ComboState) -> None:
+        """Remember `state` as this combo's (the last shared state a worker saw)."""
+        if state == ComboState():
+            self._states.pop(combo_id, None)
+        else:
+            self._states[combo_id] = state
+
+    def peek(self, combo_id: str) -> ComboState:
+        """Synchronous `get`, for readers outside the event loop (metrics, status)."""
+        return self._states.get(combo_id, ComboState())
+
+    def combo_ids(self) -> list[str]:
+        return list(self._states)
 
     def forget(self, combo_id: str) -> None:
         """Synchronous `clear`, for the runtime swapping in a new config snapshot."""

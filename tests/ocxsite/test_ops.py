@@ -131,6 +131,7 @@ def test_readyz_unit_ok_and_redis_failure(rf: Any, settings: Any) -> None:
     assert r.status_code == 503
     body = json.loads(r.content)
     assert body["database"] == "ok"
+    assert body["status"] == "degraded"
     assert body["redis"].startswith("error: ")
 
 

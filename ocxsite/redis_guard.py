@@ -1,0 +1,352 @@
+"""Keep routing when Redis is down or slow (PRODUCT §2.2, issue 16).
+
+Every Redis-backed store of a worker (routing state, quota records, rpm limiter, compaction
+recall) is wrapped so that:
+
+* each Redis call on the request path is bounded by `OCX_REDIS_TIMEOUT_MS` (default 50 ms);
+* the first failure (refused, timeout, read-only replica, any `RedisError`) opens one
+  per-worker circuit breaker: from then on every call goes to a per-worker in-memory copy,
+  without touching Redis, so a dead Redis costs nothing per request;
+* that copy is seeded by every shared value the worker read or wrote, so cooldowns and quota
+  limits it knew keep holding, and its pure transitions still give at most one half-open probe
+  per target (per worker) while it routes alone;
+* a background task pings Redis with a growing backoff; when it answers, the worker merges the
+  states it changed meanwhile into the shared ones (`combos.engine.state.merge`,
+  `quota.tracker.merge_records`: the later cooldown end wins), then closes the breaker.
+
+rpm limits fall back to `limit / workers` per worker (`OCX_WORKER_COUNT`, set by `ocx serve`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import redis
+import redis.asyncio as aioredis
+
+from combos.engine.state import ComboState, MemoryStateStore, merge
+from ocxsite.ratelimit import MemoryLimiter, RedisLimiter
+from ocxsite.recall_store import MemoryRecall, RedisRecall
+from ocxsite.redis_state import RedisStateStore
+from quota.redis_store import RedisJsonStore
+from quota.tracker import MemoryJsonStore, Update, merge_records
+
+log = logging.getLogger("ocx.redis")
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+# What "Redis is unavailable" looks like: refused or reset connections, timeouts (ours and
+# redis-py's), a read-only replica or any other server error.
+REDIS_ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, OSError, TimeoutError)
+BACKOFF_S = (0.25, 5.0)  # first and longest pause between probes of a degraded Redis
+RESYNC_TIMEOUT_S = 10.0
+
+Listener = Callable[[bool, dict[str, object]], None]
+
+
+class RedisBreaker:
+    """One worker's view of Redis: `open` while it is considered unavailable.
+
+    `call(op)` runs `op()` under the hot-path timeout and returns `(True, result)`, or
+    `(False, None)` when the breaker is open or the call failed (which opens it)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float,
+        on_change: Listener | None = None,
+        backoff_s: tuple[float, float] = BACKOFF_S,
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.backoff_s = backoff_s
+        self.on_change = on_change
+        self.degraded_since: float | None = None
+        self.reason = ""
+        self.failures = 0  # times the breaker opened
+        self.last_resync: dict[str, object] = {}
+        self._resyncs: list[Callable[[], Awaitable[int]]] = []
+        self._client = aioredis.Redis.from_url(
+            url, socket_timeout=max(timeout_s, 1.0), socket_connect_timeout=max(timeout_s, 1.0)
+        )
+        self._probe: asyncio.Task[None] | None = None
+
+    @property
+    def open(self) -> bool:
+        return self.degraded_since is not None
+
+    def on_recover(self, resync: Callable[[], Awaitable[int]]) -> None:
+        """`resync()` writes this worker's local changes back; returns how many it merged."""
+        self._resyncs.append(resync)
+
+    async def call(self, op: Callable[[], Awaitable[R]]) -> tuple[bool, R | None]:
+        if self.degraded_since is not None:
+            return False, None
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return True, await op()
+        except REDIS_ERRORS as exc:
+            self.trip(exc)
+            return False, None
+
+    def trip(self, exc: BaseException) -> None:
+        if self.degraded_since is not None:
+            return
+        self.degraded_since = time.monotonic()
+        self.failures += 1
+        self.reason = type(exc).__name__ if isinstance(exc, TimeoutError) else _describe(exc)
+        log.warning(
+            "redis unavailable (%s): this worker routes on its own copy of the routing state "
+            "until it answers again",
+            self.reason,
+        )
+        self._notify(True, {"reason": self.reason})
+        self._probe = asyncio.get_running_loop().create_task(self._recover())
+
+    async def _recover(self) -> None:
+        pause = self.backoff_s[0]
+        while True:
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, self.backoff_s[1])
+            try:
+                async with asyncio.timeout(max(self.timeout_s, 0.2)):
+                    await self._client.ping()
+            except REDIS_ERRORS:
+                continue
+            try:
+                async with asyncio.timeout(RESYNC_TIMEOUT_S):
+                    merged = sum([await resync() for resync in self._resyncs])
+            except REDIS_ERRORS as exc:
+                log.warning("redis answered but the resync failed (%s); retrying", _describe(exc))
+                continue
+            # No await between the last resync and closing: no local write can slip in between.
+            assert self.degraded_since is not None
+            outage_s = time.monotonic() - self.degraded_since
+            self.degraded_since = None
+            self.last_resync = {"mergedStates": merged, "outageS": round(outage_s, 3)}
+            log.warning(
+                "redis available again after %.1f s: %d local state(s) merged into the shared "
+                "state; shared routing resumed",
+                outage_s,
+                merged,
+            )
+            self._notify(False, dict(self.last_resync))
+            return
+
+    def _notify(self, degraded: bool, detail: dict[str, object]) -> None:
+        if self.on_change is not None:
+            self.on_change(degraded, detail)
+
+    def status(self) -> dict[str, object]:
+        """For /readyz: this worker's breaker."""
+        if self.degraded_since is None:
+            return {"mode": "shared"}
+        return {
+            "mode": "local",
+            "reason": self.reason,
+            "degradedForS": round(time.monotonic() - self.degraded_since, 3),
+        }
+
+    async def aclose(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+        await self._client.aclose()
+
+
+def _describe(exc: BaseException) -> str:
+    # The class name and message, never the URL (it may hold a password).
+    text = str(exc).split(" to ", 1)[0].strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _merging(local: ComboState) -> Callable[[ComboState], tuple[ComboState, None]]:
+    return lambda shared: (merge(shared, local), None)
+
+
+def _restoring(local: ComboState) -> Callable[[ComboState], tuple[ComboState, None]]:
+    # Only where Redis lost the key (restarted without persistence, evicted).
+    return lambda shared: (merge(shared, local) if shared == ComboState() else shared, None)
+
+
+def _merging_record(local: dict[str, Any] | None) -> Update[None]:
+    return lambda shared: (merge_records(shared, local), None)
+
+
+class GuardedStateStore:
+    """`StateStore`: the shared `RedisStateStore`, or this worker's copy while Redis is out."""
+
+    def __init__(self, shared: RedisStateStore, breaker: RedisBreaker) -> None:
+        self.shared = shared
+        self.local = MemoryStateStore()
+        self.breaker = breaker
+        self._dirty: set[str] = set()
+        breaker.on_recover(self.resync)
+
+    async def get(self, combo_id: str) -> ComboState:
+        ok, state = await self.breaker.call(lambda: self.shared.get(combo_id))
+        if ok:
+            assert state is not None
+            self.local.seed(combo_id, state)
+            return state
+        return await self.local.get(combo_id)
+
+    async def update(self, combo_id: str, fn: Callable[[ComboState], tuple[ComboState, T]]) -> T:
+        written: list[ComboState] = []
+
+        def tap(state: ComboState) -> tuple[ComboState, T]:
+            new, result = fn(state)
+            written.append(new)  # the last call is the one the compare-and-set accepted
+            return new, result
+
+        ok, result = await self.breaker.call(lambda: self.shared.update(combo_id, tap))
+        if ok:
+            self.local.seed(combo_id, written[-1])
+            return result  # type: ignore[return-value]
+        self._dirty.add(combo_id)
+        return await self.local.update(combo_id, fn)
+
+    async def clear(self, combo_id: str) -> None:
+        self.local.forget(combo_id)
+        self._dirty.discard(combo_id)
+        await self.breaker.call(lambda: self.shared.clear(combo_id))
+
+    def forget(self, combo_id: str) -> None:
+        """The combo's definition changed: the write path resets the shared key."""
+        self.local.forget(combo_id)
+        self._dirty.discard(combo_id)
+
+    def peek(self, combo_id: str) -> ComboState:
+        return self.local.peek(combo_id)
+
+    async def resync(self) -> int:
+        """Merge the combos changed while degraded into Redis; restore the other known ones
+        if Redis lost them (a restart without persistence)."""
+        merged = 0
+        while self._dirty:
+            combo_id = self._dirty.pop()
+            local = self.local.peek(combo_id)
+            try:
+                await self.shared.update(combo_id, _merging(local))
+            except BaseException:
+                self._dirty.add(combo_id)
+                raise
+            merged += 1
+        for combo_id in self.local.combo_ids():
+            local = self.local.peek(combo_id)
+            await self.shared.update(
+                combo_id,
+                _restoring(local),
+            )
+        return merged
+
+
+class GuardedJsonStore:
+    """Quota `JsonStore`: `RedisJsonStore`, or this worker's copy while Redis is out."""
+
+    def __init__(self, shared: RedisJsonStore, breaker: RedisBreaker) -> None:
+        self.shared = shared
+        self.local = MemoryJsonStore()
+        self.breaker = breaker
+        self._dirty: set[str] = set()
+        breaker.on_recover(self.resync)
+
+    async def get_many(self, keys: list[str]) -> list[dict[str, Any] | None]:
+        ok, values = await self.breaker.call(lambda: self.shared.get_many(keys))
+        if ok:
+            assert values is not None
+            for key, value in zip(keys, values, strict=True):
+                self._seed(key, value)
+            return values
+        return await self.local.get_many(keys)
+
+    async def update(self, key: str, fn: Update[T]) -> T:
+        written: list[dict[str, Any] | None] = []
+
+        def tap(current: dict[str, Any] | None) -> tuple[dict[str, Any] | None, T]:
+            new, result = fn(current)
+            written.append(new)
+            return new, result
+
+        ok, result = await self.breaker.call(lambda: self.shared.update(key, tap))
+        if ok:
+            self._seed(key, written[-1])
+            return result  # type: ignore[return-value]
+        self._dirty.add(key)
+        return await self.local.update(key, fn)
+
+    async def keys(self) -> list[str]:
+        ok, keys = await self.breaker.call(self.shared.keys)
+        return keys if ok and keys is not None else await self.local.keys()
+
+    def _seed(self, key: str, value: dict[str, Any] | None) -> None:
+        if value is None:
+            self.local.data.pop(key, None)
+        else:
+            self.local.data[key] = value
+
+    async def resync(self) -> int:
+        merged = 0
+        while self._dirty:
+            key = self._dirty.pop()
+            local = self.local.data.get(key)
+            try:
+                await self.shared.update(key, _merging_record(local))
+            except BaseException:
+                self._dirty.add(key)
+                raise
+            merged += 1
+        return merged
+
+
+class GuardedLimiter:
+    """rpm limiter: shared counts in Redis, or `limit / workers` per worker while it is out."""
+
+    def __init__(self, shared: RedisLimiter, breaker: RedisBreaker, workers: int) -> None:
+        self.shared = shared
+        self.local = MemoryLimiter()
+        self.breaker = breaker
+        self.workers = max(1, workers)
+
+    async def hit(self, key_id: int, limit: int, now_ms: int) -> int | None:
+        ok, wait = await self.breaker.call(lambda: self.shared.hit(key_id, limit, now_ms))
+        if ok:
+            return wait
+        return await self.local.hit(key_id, local_limit(limit, self.workers), now_ms)
+
+
+def local_limit(limit: int, workers: int) -> int:
+    """A worker's share of a shared limit while it cannot count with the others."""
+    return max(1, limit // max(1, workers))
+
+
+class GuardedRecall:
+    """Compaction recall: Redis, mirrored in this worker's memory for when Redis is out."""
+
+    def __init__(self, shared: RedisRecall, breaker: RedisBreaker) -> None:
+        self.shared = shared
+        self.local = MemoryRecall()
+        self.breaker = breaker
+
+    async def remember(
+        self, key_id: str, lane: str | None, name: str, combo_id: str, *, now: int, target: str
+    ) -> bool:
+        kept = await self.local.remember(key_id, lane, name, combo_id, now=now, target=target)
+        ok, stored = await self.breaker.call(
+            lambda: self.shared.remember(key_id, lane, name, combo_id, now=now, target=target)
+        )
+        return bool(stored) if ok else kept
+
+    async def recall(
+        self, key_id: str, lane: str | None, name: str, *, now: int, live: Any
+    ) -> str | None:
+        ok, combo = await self.breaker.call(
+            lambda: self.shared.recall(key_id, lane, name, now=now, live=live)
+        )
+        if ok:
+            return combo
+        return await self.local.recall(key_id, lane, name, now=now, live=live)
