@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
+import time
 from collections.abc import Mapping
 
-import os
 import httpx
-import time
 from channels.layers import get_channel_layer
 from django.conf import settings
 
@@ -31,9 +31,6 @@ from ocxsite.background import BatchWriter, in_thread
 from ocxsite.events import EVENTS_GROUP
 from ocxsite.ratelimit import MemoryLimiter, RedisLimiter
 from ocxsite.recall_store import MemoryRecall, RedisRecall
-from providers.upstream import ClientPool
-from quota import services as quota_services
-from quota.tracker import JsonStore, MemoryJsonStore, QuotaTracker
 from ocxsite.redis_guard import (
     GuardedJsonStore,
     GuardedLimiter,
@@ -41,6 +38,9 @@ from ocxsite.redis_guard import (
     GuardedStateStore,
     RedisBreaker,
 )
+from providers.upstream import ClientPool
+from quota import services as quota_services
+from quota.tracker import JsonStore, MemoryJsonStore, QuotaTracker
 from quota.windows import Transition, Window, transition_message
 
 log = logging.getLogger("ocx.runtime")
@@ -96,8 +96,6 @@ class Runtime:
             # While Redis is out each worker allows its share: `limit / workers`.
             workers = int(os.environ.get("OCX_WORKER_COUNT") or 1)
             self.limiter = GuardedLimiter(RedisLimiter(url, prefix), self.redis, workers)
-        # Budgets per key and user (PRODUCT §9.5): counters in Redis when set.
-        self.budgets = budget_events.new_gate(self.emit, lambda: int(time.time() * 1000))
         self._started: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
@@ -221,6 +219,8 @@ class Runtime:
         layer = get_channel_layer()
         if layer is None:
             return
+        if self.redis is not None and self.redis.open and not force:
+            return  # the Redis channel layer is unreachable: do not pile up failing sends
         task = asyncio.get_running_loop().create_task(
             layer.group_send(EVENTS_GROUP, {"type": "ocx.event", "event": event})
         )
@@ -276,5 +276,3 @@ def get_runtime() -> Runtime:
     if _runtime is None:
         _runtime = Runtime()
     return _runtime
-        if self.redis is not None and self.redis.open and not force:
-            return  # the Redis channel layer is unreachable: do not pile up failing sends
