@@ -95,12 +95,12 @@ class ComboTargetFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
 def _all_out_of_quota(targets: list[dict[str, Any]]) -> str | None:
     """The reason to refuse a save when every usable target has a confirmed, current,
     exhausted inference quota for its credential (reference §2.7); None otherwise."""
-    from ocxsite import live
+    from combos import live
     from providers.models import Provider
     from quota import windows as qw
 
     now = int(time.time() * 1000)
-    records = live.quota_records()
+    records = live.load(()).records
     providers = {
         p.name: p for p in Provider.objects.filter(name__in=[t["provider"] for t in targets])
     }
@@ -198,7 +198,7 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def live(self, obj: Combo) -> str:
         if obj.pk is None:
             return "—"
-        from ocxsite.status import live_badges
+        from combos.status import live_badges
 
         return live_badges(obj.combo_id)
 

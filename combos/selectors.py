@@ -162,8 +162,11 @@ def catalog_result():  # type: ignore[no-untyped-def]
 
 
 def needs_attention() -> list[str]:
-    """What an operator should look at: omitted combos, missing credentials, disabled members."""
+    """What an operator should look at: omitted combos, and the targets whose configured state
+    (`eligibility.target_state`, the router's own rule) is disabled or without a credential."""
     from combos.engine.catalog import OMISSION_DETAILS
+    from combos.engine.eligibility import Access, credential_problem, target_state
+    from combos.engine.state import ComboState
 
     snapshot = config_snapshot()
     notes: list[str] = []
@@ -173,16 +176,24 @@ def needs_attention() -> list[str]:
     for combo in snapshot.combos.values():
         for target in combo.targets:
             provider = snapshot.providers.get(target.provider)
-            if provider is None:
+            secret = None if provider is None else credential_for(provider)
+            missing = (
+                None
+                if provider is None
+                # A caller's own ChatGPT token is checked per request, not here.
+                else credential_problem(provider, secret, caller_token=True)
+            )
+            ts = target_state(
+                target,
+                providers=snapshot.providers,
+                state=ComboState(),
+                now=0,
+                access=Access(missing=missing),
+            )
+            if ts.skip is None:
                 continue
-            if provider.disabled:
-                notes.append(f"combo/{combo.id}: provider {provider.name} is disabled")
-            elif provider.adapter != "chatgpt" and credential_for(provider) is None:
-                where = (
-                    f"environment variable {provider.api_key_env} is not set"
-                    if provider.api_key_env
-                    else "no API key is stored"
-                )
-                if provider.adapter != "openai-chat" or provider.api_key_env:
-                    notes.append(f"combo/{combo.id}: {target.key} has no credential ({where})")
+            if ts.skip.startswith("provider_"):
+                notes.append(f"combo/{combo.id}: {ts.detail}")
+            elif missing is not None:
+                notes.append(f"combo/{combo.id}: {target.key} has no credential ({missing})")
     return sorted(set(notes))

@@ -14,9 +14,13 @@ class OcxsiteConfig(AppConfig):
         from django.conf import settings
         from django.db.models.signals import post_delete, post_save
 
+        from combos import live
+        from ocxsite import live as live_loader
         from ocxsite.access import keys_changed
         from ocxsite.models import ClientKey
 
         for model in (ClientKey, settings.AUTH_USER_MODEL):
             post_save.connect(keys_changed, sender=model, dispatch_uid=f"keys-save-{model}")
             post_delete.connect(keys_changed, sender=model, dispatch_uid=f"keys-del-{model}")
+        # Status, badges and `ocx status` read the live state through the stores the server uses.
+        live.register(live_loader.load)

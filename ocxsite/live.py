@@ -1,75 +1,80 @@
-"""Synchronous readers of the live routing state, for the admin, the API and the CLI.
+"""The loader behind `combos.live.load`: the live routing state from the stores the server uses.
 
-With `REDIS_URL` the state every worker shares is read from Redis; otherwise it is the
-state of this process's runtime (the whole truth with one worker).
+With `REDIS_URL`: the shared `RedisStateStore` and quota `RedisJsonStore` (fresh clients per
+read, so the CLI and the server's worker threads read the same keys the proxy writes).
+Otherwise, in the serving process (`local`): this process's runtime stores. A process that is
+not the server without Redis gets `NO_LIVE_STATE`. Cooldown reasons come from the request log.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from collections.abc import Collection, Mapping
+from dataclasses import replace
+from types import MappingProxyType
 
+from asgiref.sync import async_to_sync
 from django.conf import settings
 
-from combos.engine.state import ComboState, MemoryStateStore
-from quota.tracker import MemoryJsonStore, Record
+from combos import live as combos_live
+from combos.live import NO_LIVE_STATE, LiveSnapshot
+
+REASON_SCAN_ROWS = 200
 
 
-def _redis() -> Any:
-    import redis
+async def _read_redis(combo_ids: Collection[str]) -> LiveSnapshot:
+    from ocxsite.redis_state import RedisStateStore
+    from quota.redis_store import RedisJsonStore
 
-    url = settings.OCX_REDIS_URL
+    url, prefix = settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX
     assert url is not None
-    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    store = RedisStateStore(url, prefix, socket_timeout=2.0)
+    quota = RedisJsonStore(url, prefix)
+    try:
+        return await combos_live.read(store, quota, combo_ids, source="redis")
+    finally:
+        await store.aclose()
+        await quota._cas.redis.aclose()  # noqa: SLF001 - the store has no close of its own
 
 
-def combo_state(combo_id: str) -> ComboState:
-    prefix = settings.OCX_STATE_KEY_PREFIX
-    if settings.OCX_REDIS_URL:
-        raw = _redis().get(f"{prefix}:combo:{combo_id}")
-        if raw is None:
-            return ComboState()
-        try:
-            return ComboState.from_json(raw.decode())
-        except ValueError:
-            return ComboState()
+async def _read_local(combo_ids: Collection[str]) -> LiveSnapshot:
     from ocxsite.runtime import get_runtime
 
-    store = get_runtime().store
-    if isinstance(store, MemoryStateStore):
-        return store._states.get(combo_id, ComboState())  # noqa: SLF001 - same process, read only
-    return ComboState()
+    runtime = get_runtime()
+    return await combos_live.read(
+        runtime.store, runtime.tracker.store, combo_ids, source="this process"
+    )
 
 
-def quota_records() -> dict[tuple[str, str], Record]:
-    """Every (provider, credential) with quota data."""
-    raws: dict[str, Any] = {}
+def _reasons(snapshot: LiveSnapshot) -> Mapping[str, Mapping[str, str]]:
+    """The classification of each still-running cooldown, from the latest attempt that set it."""
+    from ocxsite.models import RequestLog
+
+    wanted = {
+        (combo_id, key): until
+        for combo_id, state in snapshot.states.items()
+        for key, until in state.cooldowns.items()
+    }
+    if not wanted:
+        return MappingProxyType({})
+    out: dict[str, dict[str, str]] = {}
+    combos = {combo_id for combo_id, _ in wanted}
+    for attempts in RequestLog.objects.filter(combo__in=combos).values_list("combo", "attempts")[
+        :REASON_SCAN_ROWS
+    ]:
+        combo_id, rows = attempts
+        for row in rows or ():
+            key = row.get("target") if isinstance(row, dict) else None
+            until = wanted.get((combo_id, key)) if key else None
+            if until is not None and row.get("cooledUntil") == until and row.get("reason"):
+                out.setdefault(combo_id, {}).setdefault(key, str(row["reason"]))
+    return MappingProxyType(out)
+
+
+def load(combo_ids: Collection[str], local: bool) -> LiveSnapshot:
     if settings.OCX_REDIS_URL:
-        client = _redis()
-        prefix = f"{settings.OCX_STATE_KEY_PREFIX}:quota:"
-        keys = list(client.scan_iter(match=prefix + "*", count=500))
-        for key, raw in zip(keys, client.mget(keys) if keys else [], strict=True):
-            if raw is not None:
-                name = key.decode() if isinstance(key, bytes) else key
-                try:
-                    raws[name[len(settings.OCX_STATE_KEY_PREFIX) + 1 :]] = json.loads(raw)
-                except ValueError:
-                    continue
+        snapshot = async_to_sync(_read_redis)(combo_ids)
+    elif local:
+        snapshot = async_to_sync(_read_local)(combo_ids)
     else:
-        from ocxsite.runtime import get_runtime
-
-        store = get_runtime().tracker.store
-        if isinstance(store, MemoryJsonStore):
-            raws = dict(store.data)
-    out: dict[tuple[str, str], Record] = {}
-    for key, raw in raws.items():
-        _, provider, credential = key.split(":", 2)
-        try:
-            out[(provider, credential)] = Record.from_json(raw)
-        except (KeyError, ValueError, TypeError):
-            continue
-    return out
-
-
-def shared() -> bool:
-    return bool(settings.OCX_REDIS_URL)
+        return NO_LIVE_STATE
+    return replace(snapshot, reasons=_reasons(snapshot))

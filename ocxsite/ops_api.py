@@ -8,8 +8,8 @@ from django.http import HttpRequest
 from ninja import Router
 from ninja.errors import HttpError
 
+from combos.status import quota_report, status_report
 from ocxsite.models import RequestLog
-from ocxsite.status import quota_report, status_report
 
 router = Router(tags=["operations"])
 

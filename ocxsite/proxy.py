@@ -22,6 +22,13 @@ from django.conf import settings
 from combos.engine.attempts import Outcome, RouteResult, route
 from combos.engine.catalog import models_list
 from combos.engine.classify import Failure, classify, redact
+from combos.engine.eligibility import (
+    RESOLVED,
+    Access,
+    Quota,
+    credential_problem,
+    target_state,
+)
 from combos.engine.recall import lane_of, snapshot_liveness
 from combos.engine.shaping import (
     ENCRYPTED_TASK_CODE,
@@ -34,6 +41,7 @@ from combos.engine.shaping import (
     has_encrypted_agent_task,
     image_rejection,
 )
+from combos.engine.state import ComboState
 from combos.engine.types import ComboSpec, ConfigSnapshot, TargetSpec
 from combos.engine.validate import Resolution, resolve_model
 from combos.selectors import credential_for
@@ -43,6 +51,7 @@ from ocxsite.requestlog import RequestEntry
 from ocxsite.runtime import Runtime, get_runtime
 from providers.upstream import Caller, attempt
 from providers.wire.commit import terminal_error_frame, truncation_failure
+from quota.tracker import Gate
 from quota.windows import (
     credential_fingerprint,
     is_exhausted,
@@ -56,6 +65,14 @@ request_log = logging.getLogger("ocx.request")
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+# A bare `provider/model` request has no combo, hence no routing state.
+_NO_STATE = ComboState()
+# The quota gate's verdict per credential, as the target state reads it.
+_QUOTA: Mapping[str, Quota] = {
+    "eligible": "available",
+    "ineligible": "limited",
+    "probe": "probe_due",
+}
 ENDPOINTS: Mapping[str, Literal["responses", "chat"]] = {
     "/v1/responses": "responses",
     "/v1/chat/completions": "chat",
@@ -401,14 +418,12 @@ class ProxyApp:
         compat: set[str] = set()
         used: set[tuple[str, str]] = set()
 
+        def access(target: TargetSpec) -> Access:
+            return _access(snapshot, target, caller, gate, pairs.get(target.key))
+
         def predicate(target: TargetSpec) -> str | None:
-            # A manual pin is independent of the automatic quota state (PRODUCT §8.5).
-            pinned = combo.override == target.key
-            return (
-                _ineligible(snapshot, target, caller)
-                or (None if pinned else gate.reason(pairs.get(target.key)))
-                or (encrypted_only(target) if encrypted_only is not None else None)
-            )
+            # Credential, quota and pin are the target's state (`access`); this is request-local.
+            return encrypted_only(target) if encrypted_only is not None else None
 
         async def dispatch(target: TargetSpec, _last: bool) -> Outcome:
             exchange.attempts += 1
@@ -478,7 +493,13 @@ class ProxyApp:
         try:
             if not combo.id:
                 target = combo.targets[0]
-                why = predicate(target)
+                why = target_state(
+                    target,
+                    providers=snapshot.providers,
+                    state=_NO_STATE,
+                    now=_now_ms(),
+                    access=access(target),
+                ).skip or predicate(target)
                 if why is not None:
                     raise HTTPFailure(503, "server_error", "provider_unavailable", why)
                 outcome = await dispatch(target, True)
@@ -512,6 +533,7 @@ class ProxyApp:
                     on_cooldown=on_cooldown,
                     result=result,
                     revision=snapshot.version,
+                    access=access,
                 )
             except asyncio.CancelledError:
                 # Client abort: the request log still gets the attempt it made (status 499).
@@ -639,23 +661,27 @@ def _raise_upstream(failure: Failure) -> None:
     raise HTTPFailure(failure.status, failure.error_type or "upstream_error", code, message, extra)
 
 
-def _ineligible(snapshot: ConfigSnapshot, target: TargetSpec, caller: Caller) -> str | None:
+def _access(
+    snapshot: ConfigSnapshot,
+    target: TargetSpec,
+    caller: Caller,
+    gate: Gate,
+    pair: tuple[str, str] | None,
+) -> Access:
+    """The caller's credential and its quota on `target`, for `eligibility.target_state`."""
     provider = snapshot.providers.get(target.provider)
     if provider is None:
-        return "provider_missing"
-    if provider.adapter == "chatgpt":
-        return (
-            None
-            if "authorization" in caller.headers
-            else "credential_missing: caller ChatGPT token"
-        )
-    if credential_for(provider) is None:
-        if provider.api_key_env:
-            return f"credential_missing: environment variable {provider.api_key_env} is not set"
-        if provider.adapter != "openai-chat" or provider.api_key is not None:
-            return "credential_missing: no API key stored"
-        # A local OpenAI-compatible server (e.g. Ollama) may need no key at all.
-    return None
+        return RESOLVED
+    secret = None if provider.adapter == "chatgpt" else credential_for(provider)
+    missing = credential_problem(provider, secret, caller_token="authorization" in caller.headers)
+    if pair is None or pair not in gate.verdicts:
+        return Access(missing=missing, credential=None if pair is None else pair[1])
+    return Access(
+        missing=missing,
+        credential=pair[1],
+        quota=_QUOTA[gate.verdicts[pair]],
+        probe_granted=pair in gate.probes,
+    )
 
 
 def _headers(scope: Scope) -> dict[str, str]:

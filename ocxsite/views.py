@@ -89,14 +89,16 @@ def _observe_cooldowns() -> None:
     import logging
     import time
 
-    from ocxsite import live, metrics
+    from combos import live
+    from ocxsite import metrics
     from ocxsite.runtime import get_runtime
 
     try:
         snapshot = get_runtime().snapshot or selectors.config_snapshot()
         now = int(time.time() * 1000)
+        states = live.load(list(snapshot.combos))
         for combo in snapshot.combos.values():
-            state = live.combo_state(combo.id)
+            state = states.combo_state(combo.id)
             active = sum(1 for t in combo.targets if state.cooling_until(t.key, now) is not None)
             metrics.COOLING.labels(combo.id).set(active)
     except Exception:  # noqa: BLE001 - a scrape must still answer with the other metrics

@@ -11,6 +11,7 @@ PURE_MODULES = [
     "combos.engine.types",
     "combos.engine.validate",
     "combos.engine.strategies",
+    "combos.engine.eligibility",
     "combos.engine.state",
     "combos.engine.classify",
     "combos.engine.cooldown",

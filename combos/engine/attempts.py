@@ -18,6 +18,7 @@ from typing import Any
 from combos.engine import state as st
 from combos.engine.classify import Decision, Failure, classify, overflow_allows
 from combos.engine.cooldown import cooldown
+from combos.engine.eligibility import AccessOf
 from combos.engine.strategies import Predicate, Sleep, retry_after_seconds, select
 from combos.engine.types import ComboSpec, ProviderSpec, TargetSpec
 
@@ -36,6 +37,8 @@ class Outcome:
     # False when the failure is already handled per credential (a caller's own quota on a
     # shared `chatgpt` target): the target is not cooled for everyone else.
     cool: bool = True
+    # Malformed (non-JSON) stream frames seen in this attempt (forwarded or not).
+    malformed: int = 0
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class AttemptRecord:
     reason: str = ""
     cooled_until: int | None = None
     ms: int = 0
+    malformed: int = 0  # malformed stream frames (`Outcome.malformed`)
 
 
 @dataclass
@@ -92,6 +96,7 @@ async def route(
     on_cooldown: Callable[[str, int, str], None] | None = None,
     result: RouteResult | None = None,
     revision: int = 0,
+    access: AccessOf | None = None,
 ) -> RouteResult:
     """Route one request through `combo`. `dispatch(target, is_last_chance)` is awaited at most
     once per target (plus the single-target retry); cancellation (client abort) propagates after
@@ -120,6 +125,7 @@ async def route(
             quota_resets=quota_resets,
             single_target_retry=retry_available,
             revision=revision,
+            access=access,
         )
         for skip in selection.skipped:
             if skip not in seen_skips and skip[1] != "attempted":
@@ -160,7 +166,9 @@ async def route(
             seen = selection.state
             if seen is None or st.note_success(seen, combo, key) != seen:
                 await store.update(combo.id, st.stamped(combo, revision, _succeeded(combo, key)))
-            result.attempts.append(AttemptRecord(key, outcome.status, "served", "", None, elapsed))
+            result.attempts.append(
+                AttemptRecord(key, outcome.status, "served", "", None, elapsed, outcome.malformed)
+            )
             result.served = target
             result.usage = outcome.usage
             return result
@@ -181,7 +189,13 @@ async def route(
         if outcome.committed:
             result.attempts.append(
                 AttemptRecord(
-                    key, outcome.status, "failed_after_commit", decision.reason, until, elapsed
+                    key,
+                    outcome.status,
+                    "failed_after_commit",
+                    decision.reason,
+                    until,
+                    elapsed,
+                    outcome.malformed,
                 )
             )
             result.served = target
@@ -197,7 +211,9 @@ async def route(
             )
             return result
         result.attempts.append(
-            AttemptRecord(key, failure.status, "hop", decision.reason, until, elapsed)
+            AttemptRecord(
+                key, failure.status, "hop", decision.reason, until, elapsed, outcome.malformed
+            )
         )
         attempted.add(key)
         after_failure = True

@@ -17,6 +17,17 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
+from combos.engine.eligibility import (
+    HARD_SKIPS,
+    RESOLVED,
+    SKIP_COOLING,
+    SKIP_OVERRIDE,
+    SKIP_PROBING,
+    AccessOf,
+    target_state,
+)
+from combos.engine.eligibility import SKIP_PROVIDER_DISABLED as SKIP_PROVIDER_DISABLED
+from combos.engine.eligibility import SKIP_PROVIDER_MISSING as SKIP_PROVIDER_MISSING
 from combos.engine.state import ComboState, StateStore, retain, stamped
 from combos.engine.types import ComboSpec, ProviderSpec, TargetSpec
 
@@ -26,13 +37,11 @@ PROBE_LEASE_MS = 60_000
 QUOTA_FRESH_MS = 30 * 60_000
 
 # Skip reasons recorded in the request log (`Selection.skipped`).
-SKIP_PROVIDER_MISSING = "provider_missing"
-SKIP_PROVIDER_DISABLED = "provider_disabled"
+# (provider, credential, quota, override, cooling and probing skips: `eligibility.SKIP_*`.)
 SKIP_ATTEMPTED = "attempted"
-SKIP_COOLING = "cooling"
-SKIP_PROBING = "probing"
 SKIP_LAST_RESORT = "last_resort_deferred"
-SKIP_OVERRIDE = "override"
+# Skips checked after the caller's predicate (the reference's order).
+_LATE_SKIPS = (None, SKIP_OVERRIDE, SKIP_COOLING, SKIP_PROBING)
 
 # Caller predicate: None accepts the target, a string rejects it with that skip reason
 # (e.g. "credential_unresolved", "quota_exhausted", "encrypted_task").
@@ -105,9 +114,12 @@ def assess(
     attempted: frozenset[str] = frozenset(),
     predicate: Predicate | None = None,
     single_target_retry: bool = False,
+    access: AccessOf | None = None,
 ) -> Eligibility:
     """Eligibility of every target (§2.2), checked in order: provider exists and is enabled, not
-    attempted in this request, caller predicate, override pin, not cooling, no foreign probe lease.
+    attempted in this request, credential and quota (`access`, the caller's per target), caller
+    predicate, override pin, not cooling, no foreign probe lease. The target's own part is
+    `eligibility.target_state`, the same function status and badges show.
 
     `single_target_retry` admits the only target of a one-target combo with a wait budget again
     after a cooling failure (§2.8, #4824); the caller passes False after request-local rejections
@@ -121,33 +133,32 @@ def assess(
     retry_ok = single_target_retry and len(combo.targets) == 1 and combo.wait_for_cooldown_ms > 0
     for target in combo.targets:
         key = target.key
-        provider = providers.get(target.provider)
-        reason: str | None = None
-        if provider is None:
-            reason = SKIP_PROVIDER_MISSING
-        elif provider.disabled:
-            reason = SKIP_PROVIDER_DISABLED
-        elif key in attempted:
+        ts = target_state(
+            target,
+            providers=providers,
+            state=state,
+            now=now,
+            override=combo.override,
+            access=RESOLVED if access is None else access(target),
+        )
+        # The target's own state decides; request-local checks (attempted, the caller's
+        # predicate) slot in where the reference checks them.
+        reason: str | None = ts.skip if ts.skip in HARD_SKIPS else None
+        if reason is None and key in attempted:
             # Only a target that was cooled may be retried, and only after its cooldown.
             if retry_ok and key in state.cooldowns:
                 retrying.add(key)
             else:
                 reason = SKIP_ATTEMPTED
+        if reason is None and ts.skip not in _LATE_SKIPS:
+            reason = ts.skip
         if reason is None and predicate is not None:
             reason = predicate(target)
-        if reason is None and combo.override is not None:
-            if key != combo.override:
-                reason = SKIP_OVERRIDE
-            else:
-                eligible.append(target)
-                continue
         if reason is None:
-            until = state.cooling_until(key, now)
-            if until is not None:
-                cooling.append((target, until))
-                reason = SKIP_COOLING
-            elif state.probe_held(key, now):
-                reason = SKIP_PROBING
+            reason = ts.skip
+            if reason == SKIP_COOLING:
+                assert ts.until is not None
+                cooling.append((target, ts.until))
         if reason is None:
             eligible.append(target)
         else:
@@ -315,6 +326,7 @@ def plan(
     single_target_retry: bool = False,
     decline_last_resort: bool = False,
     probe_lease_ms: int = PROBE_LEASE_MS,
+    access: AccessOf | None = None,
 ) -> tuple[ComboState, Plan]:
     """One selection decision with `budget_ms` of waiting left (§2.6, §2.8).
 
@@ -334,6 +346,7 @@ def plan(
         attempted=attempted,
         predicate=predicate,
         single_target_retry=single_target_retry,
+        access=access,
     )
     candidates = el.eligible
     deferred: tuple[tuple[str, str], ...] = ()
@@ -388,6 +401,7 @@ def advance_after_failure(
     attempted: frozenset[str],
     predicate: Predicate | None = None,
     quota_resets: Mapping[str, int | None] | None = None,
+    access: AccessOf | None = None,
 ) -> tuple[ComboState, Plan]:
     """The synchronous post-failure hop (§2.6 step 6): an immediate pick that never waits and,
     under the policy, declines a last resort while a normal target is merely cooling."""
@@ -401,6 +415,7 @@ def advance_after_failure(
         predicate=predicate,
         quota_resets=quota_resets,
         decline_last_resort=True,
+        access=access,
     )
 
 
@@ -421,6 +436,7 @@ async def select(
     log: Callable[[str], None] | None = None,
     probe_lease_ms: int = PROBE_LEASE_MS,
     revision: int = 0,
+    access: AccessOf | None = None,
 ) -> Selection:
     """One selection attempt for the attempt loop, waiting at most `combo.wait_for_cooldown_ms`.
 
@@ -453,6 +469,7 @@ async def select(
                 single_target_retry=single_target_retry,
                 decline_last_resort=decline,
                 probe_lease_ms=probe_lease_ms,
+                access=access,
             )
             return new, (chosen, new)
 

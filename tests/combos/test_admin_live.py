@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -68,29 +69,68 @@ def _exhausted(provider: str, reset_in_ms: int) -> Record:
     return Record(state, (window,))
 
 
+def _exhausted_for(provider: str, secret: str, reset_in_ms: int) -> Record:
+    record = _exhausted(provider, reset_in_ms)
+    fp = qw.credential_fingerprint(secret)
+    return Record(replace(record.state, credential=fp), record.windows)
+
+
 @pytest.mark.skipif(bool(__import__("os").environ.get("REDIS_URL")), reason="memory store only")
-def test_badges_show_cooling_out_of_quota_and_unknown(
-    staff: Client, live_state: tuple[MemoryStateStore, MemoryJsonStore]
+def test_badges_show_every_target_state(
+    staff: Client,
+    live_state: tuple[MemoryStateStore, MemoryJsonStore],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """One badge per state of `eligibility.target_state` (PRODUCT §8.7), as the admin shows it."""
     store, quota = live_state
+    monkeypatch.setenv("K", "sk-badges")
+    monkeypatch.delenv("K_UNSET", raising=False)
     _providers()
-    combo_set(
-        combo_id="main",
-        raw={"targets": [{"provider": "p1", "model": "m1"}, {"provider": "p2", "model": "m2"}]},
-    )
+    for name, extra in (
+        ("p3", {}),
+        ("p4", {}),
+        ("p5", {"apiKeyEnv": "K_UNSET"}),
+        ("p6", {"disabled": True}),
+    ):
+        raw = {"adapter": "openai-responses", "baseUrl": "http://127.0.0.1:9/v1", "apiKeyEnv": "K"}
+        provider_set(name=name, raw={**raw, **extra})
+    targets = [{"provider": f"p{i}", "model": f"m{i}"} for i in range(1, 7)]
+    combo_set(combo_id="main", raw={"targets": targets})
     now = int(time.time() * 1000)
-    store._states["main"] = ComboState(cooldowns={"p2/m2": now + 60_000})
-    quota.data["quota:p1:fp1"] = _exhausted("p1", 3_600_000).to_json()
+    store._states["main"] = ComboState(
+        cooldowns={"p2/m2": now + 60_000, "p3/m3": now - 1},
+        probes={"p3/m3": now + 60_000},
+    )
+    quota.data[f"quota:p1:{qw.credential_fingerprint('sk-badges')}"] = _exhausted_for(
+        "p1", "sk-badges", 3_600_000
+    ).to_json()
     combo = Combo.objects.get(combo_id="main")
     page = staff.get(f"/admin/combos/combo/{combo.pk}/change/").content.decode()
     assert 'class="ocx-badge ocx-out_of_quota" data-target="p1/m1"' in page
-    assert "p1/m1: Out of quota until" in page
-    assert "p2/m2: Cooling until" in page
+    assert "p1/m1: Out of quota until 20" in page
+    assert 'class="ocx-badge ocx-cooling" data-target="p2/m2"' in page
+    assert "p2/m2: Cooling until 20" in page
+    assert "p3/m3: Probing" in page
+    assert 'title="no quota data yet">p4/m4: Available' in page
+    assert 'class="ocx-badge ocx-no_credential" data-target="p5/m5"' in page
+    assert "p5/m5: No credential" in page
+    assert "environment variable K_UNSET is not set" in page
+    assert "p6/m6: Disabled" in page
+    assert "Quota unknown" not in page
     assert "ocx/live.js" in page
+    # A pin shows first, whatever the automatic state (here: the cooling target).
+    combo_set(combo_id="main", raw={"targets": targets, "override": {"target": "p2/m2"}})
+    store._states["main"] = ComboState(cooldowns={"p2/m2": now + 60_000})
+    page = staff.get("/admin/combos/combo/").content.decode()
+    assert 'class="ocx-badge ocx-pinned" data-target="p2/m2"' in page
+    assert "p2/m2: Pinned" in page
+    # A healthy target with no quota data ever seen is available, not "unknown".
     store._states.clear()
     quota.data.clear()
+    combo_set(combo_id="main", raw={"targets": targets})
     page = staff.get("/admin/combos/combo/").content.decode()
-    assert "p1/m1: Quota unknown" in page
+    assert "p1/m1: Available" in page
+    assert "Quota unknown" not in page
 
 
 @pytest.mark.skipif(bool(__import__("os").environ.get("REDIS_URL")), reason="memory store only")

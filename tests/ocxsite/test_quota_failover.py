@@ -577,8 +577,9 @@ def test_status_quota_and_transition_messages(server: Server, mock: Mock) -> Non
     combo = status(server, c)["combos"][0]
     assert combo["mode"] == "auto"
     assert list(combo["wouldServe"].values()) == [c.fallback_target]
-    # The usage-limit 429 also cooled the target until the same reset; either badge is true.
-    assert combo["targets"][0]["badge"] in ("cooling", "out_of_quota")
+    # Out of quota ranks before the cooling the same usage-limit 429 set (PRODUCT §8.7).
+    assert combo["targets"][0]["state"] == "out_of_quota"
+    assert combo["targets"][0]["credential"]
     assert combo["targets"][0]["until"] == iso(resets)
     assert [(w["provider"], w["window"], w["resetsAt"]) for w in combo["exhaustedWindows"]] == [
         (c.primary, "five_hour", iso(resets))
@@ -679,5 +680,7 @@ def test_provider_without_quota_data_is_unchanged(server: Server, mock: Mock) ->
     assert not [s for s in q["snapshots"] if s["provider"] in (c.primary, c.fallback)]
     combo = status(server, c)["combos"][0]
     assert combo["exhaustedWindows"] == [] and combo["lastTransition"] is None
-    assert [t["badge"] for t in combo["targets"]] == ["quota_unknown", "quota_unknown"]
+    # Healthy with no quota data: available (not "unknown"), with that as the detail.
+    assert [t["state"] for t in combo["targets"]] == ["available", "available"]
+    assert [t["detail"] for t in combo["targets"]] == ["no quota data yet"] * 2
     assert not transitions_of(server, c)

@@ -3,12 +3,6 @@
 (function () {
   "use strict";
   var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
-  var labels = {
-    available: function () { return "Available"; },
-    cooling: function (t) { return "Cooling until " + (t.until || "?"); },
-    out_of_quota: function (t) { return "Out of quota until " + (t.until || "?"); },
-    quota_unknown: function () { return "Quota unknown"; }
-  };
 
   function refreshBadges() {
     document.querySelectorAll(".ocx-live[data-combo]").forEach(function (box) {
@@ -20,8 +14,10 @@
           report.combos[0].targets.forEach(function (t) {
             var el = box.querySelector('[data-target="' + t.target + '"]');
             if (!el) { return; }
-            el.className = "ocx-badge ocx-" + t.badge;
-            el.textContent = t.target + ": " + labels[t.badge](t);
+            // The server renders the label (eligibility.target_state, PRODUCT §8.7).
+            el.className = "ocx-badge ocx-" + t.state;
+            el.title = t.detail || "";
+            el.textContent = t.target + ": " + t.label;
           });
         });
     });

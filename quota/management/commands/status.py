@@ -8,38 +8,39 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ocxsite.status import status_report
+from combos.status import NO_LIVE_STATE_NOTE, status_report
 
 
 class Command(BaseCommand):
     help = "Show what each combo would do now and why."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("args", nargs=argparse.REMAINDER)
+        parser.add_argument("combo", nargs="?", help="one combo id (default: every combo)")
+        parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
     def handle(self, *args: str, **options: Any) -> None:
-        argv = [a for a in args if a != "--json"]
-        if len(argv) > 1:
-            raise CommandError("usage: ocx status [combo] [--json]")
-        report = status_report(argv[0] if argv else None)
-        if argv and not report["combos"]:
-            raise CommandError(f"unknown combo {argv[0]}")
-        if "--json" in args:
+        combo_id: str | None = options.get("combo")
+        # Another process's memory is not the server's: read only the shared store, if any.
+        report = status_report(combo_id, local=False)
+        if combo_id is not None and not report["combos"]:
+            raise CommandError(f"unknown combo {combo_id}")
+        if options.get("json"):
             self.stdout.write(json.dumps(report, indent=2))
             return
-        if report["liveState"] != "redis":
-            self.stdout.write(
-                "Live routing state is kept in the server process (no REDIS_URL): cooldowns "
-                "below are this process's only; ask GET /api/status for the server's view."
-            )
+        if report["liveState"] == "none":
+            self.stdout.write(NO_LIVE_STATE_NOTE)
+            self.stdout.write("Configured view:")
         for combo in report["combos"]:
             self.stdout.write(f"{combo['model']}  mode {combo['mode']}  ({combo['strategy']})")
             for credential, target in combo["wouldServe"].items():
                 who = "" if credential == "default" else f" for credential {credential}"
-                self.stdout.write(f"  next request{who} → {target or 'nothing available'}")
+                wait = combo["waitFor"].get(credential)
+                after = f" (after waiting {wait['ms']} ms for {wait['target']})" if wait else ""
+                self.stdout.write(f"  next request{who} → {target or 'nothing available'}{after}")
             for t in combo["targets"]:
-                until = f" until {t['until']}" if t.get("until") else ""
-                self.stdout.write(f"  {t['target']}: {t['badge'].replace('_', ' ')}{until}")
+                why = f" ({t['reason']})" if t.get("reason") else ""
+                detail = f" — {t['detail']}" if t.get("detail") else ""
+                self.stdout.write(f"  {t['target']}: {t['label']}{why}{detail}")
             for w in combo["exhaustedWindows"]:
                 self.stdout.write(
                     f"  exhausted: {w['provider']} {w['window']} resets {w['resetsAt']}"
