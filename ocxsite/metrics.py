@@ -57,12 +57,6 @@ QUOTA_STATE = Gauge(
     multiprocess_mode="max",
 )
 
-
-def render() -> tuple[bytes, str]:
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
-
-        registry = CollectorRegistry()
 REDIS_DEGRADED = Gauge(
     "ocx_redis_degraded",
     "1 while a worker routes on its own state because Redis is unreachable",
@@ -72,6 +66,12 @@ REDIS_OUTAGES = Counter(
     "ocx_redis_outages", "Times a worker lost Redis and switched to its own state"
 )
 
+
+def render() -> tuple[bytes, str]:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         return generate_latest(registry), CONTENT_TYPE_LATEST
     return generate_latest(), CONTENT_TYPE_LATEST

@@ -114,6 +114,8 @@ OCX_CONFIG_POLL_MS = env_int("OCX_CONFIG_POLL_MS", 500, minimum=50)
 OCX_PROXY_MAX_BODY = env_int("OCX_PROXY_MAX_BODY", 32 * 1024 * 1024, minimum=1024)
 OCX_API_MAX_BODY = env_int("OCX_API_MAX_BODY", 1024 * 1024, minimum=1024)
 OCX_STATE_KEY_PREFIX = os.environ.get("OCX_STATE_KEY_PREFIX", "ocx")
+# Redis calls on the request path give up after this; then the worker routes on its own state.
+OCX_REDIS_TIMEOUT_MS = env_int("OCX_REDIS_TIMEOUT_MS", 50, minimum=1)
 OCX_REQUEST_LOG = env_bool("OCX_REQUEST_LOG", True)
 OCX_REQUEST_LOG_QUEUE = env_int("OCX_REQUEST_LOG_QUEUE", 10000, minimum=1)
 OCX_REQUEST_LOG_RETENTION_DAYS = env_int("OCX_REQUEST_LOG_RETENTION_DAYS", 14, minimum=1)
@@ -128,8 +130,6 @@ INSTALLED_APPS = [
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
-# Redis calls on the request path give up after this; then the worker routes on its own state.
-OCX_REDIS_TIMEOUT_MS = env_int("OCX_REDIS_TIMEOUT_MS", 50, minimum=1)
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
