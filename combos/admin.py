@@ -221,23 +221,24 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         for i, target in enumerate(form.instance.targets.order_by("position", "id")):
             if target.position != i:
                 ComboTarget.objects.filter(pk=target.pk).update(position=i)
+        if not change or form.has_changed() or any(f.has_changed() for f in formsets):
+            # Reset the shared (Redis) routing state of the old and new id once, before the
+            # bump tells the workers to reload.
+            clear_on_commit({form.initial.get("combo_id") or "", form.instance.combo_id})
         with transaction.atomic():
             provider_services.config_bump()
-        if not change or form.has_changed() or any(f.has_changed() for f in formsets):
-            # Reset the shared (Redis) routing state of the old and new id once.
-            clear_on_commit({form.initial.get("combo_id") or "", form.instance.combo_id})
 
     def delete_model(self, request: HttpRequest, obj: Combo) -> None:
         combo_id = obj.combo_id
         super().delete_model(request, obj)
-        provider_services.config_bump()
         clear_on_commit([combo_id])
+        provider_services.config_bump()
 
     def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
         combo_ids = list(queryset.values_list("combo_id", flat=True))
         super().delete_queryset(request, queryset)
-        provider_services.config_bump()
         clear_on_commit(combo_ids)
+        provider_services.config_bump()
 
     @admin.action(description="Set mode to automatic (clear the override)")
     def clear_override(self, request: HttpRequest, queryset: Any) -> None:
@@ -245,8 +246,8 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             pinned = queryset.exclude(override_target=None)
             combo_ids = list(pinned.values_list("combo_id", flat=True))
             count = pinned.update(override_target=None)
-            provider_services.config_bump()
             clear_on_commit(combo_ids)
+            provider_services.config_bump()
         self.message_user(request, f"{count} combo(s) set to automatic.", messages.SUCCESS)
 
     @admin.action(description="Export the Codex model catalog (JSON)")

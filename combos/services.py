@@ -104,10 +104,11 @@ def combo_set(*, combo_id: object, raw: object, rename_from: object = None) -> C
         spec = validate.normalize_combo(combo_id, merged)
         before = None if source is None else selectors.combo_spec(source)
         _write_combo(spec, source)
-        provider_services.config_bump()
         if before != spec:
-            # Shared (Redis) routing state is reset once here, not by every worker.
+            # Shared (Redis) routing state is reset once here, not by every worker; registered
+            # before the bump so that it runs before the workers are told to reload.
             clear_on_commit({source_id, combo_id})
+        provider_services.config_bump()
     return spec
 
 
@@ -118,8 +119,8 @@ def combo_delete(*, combo_id: object) -> None:
         deleted, _ = Combo.objects.filter(combo_id=combo_id).delete()
         if not deleted:
             raise ConfigError("unknown combo", status=404)
-        provider_services.config_bump()
         clear_on_commit([combo_id])
+        provider_services.config_bump()
 
 
 def combo_set_override(*, combo_id: str, target: str | None) -> ComboSpec:
@@ -175,7 +176,7 @@ def config_load(*, doc: object, replace: bool = False) -> dict[str, int]:
         disabled = validate.normalize_config({"disabledModels": merged.get("disabledModels")})
         state.disabled_models = sorted(disabled.disabled_models, key=lambda m: (m.casefold(), m))
         state.save(update_fields=["disabled_models", "updated"])
-        provider_services.config_bump()
         after = {c.id: c for c in selectors.combo_list()}
         clear_on_commit(c for c in before.keys() | after.keys() if before.get(c) != after.get(c))
+        provider_services.config_bump()
     return {"providers": len(providers_doc), "combos": len(combos_doc)}

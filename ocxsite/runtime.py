@@ -1,7 +1,9 @@
 """Per-process routing runtime: the config snapshot, key cache, state store, HTTP clients.
 
-A background task polls the config version and the key-table version every OCX_CONFIG_POLL_MS,
-off the hot path; a change rebuilds the snapshot, clears the routing state of combos whose
+A committed write reloads the writing process's runtime before the write returns, and with
+`REDIS_URL` every other worker on a notice (`ocxsite.confignotify`). A background task also
+polls the config version and the key-table version every OCX_CONFIG_POLL_MS, off the hot path,
+as the safety net. A change rebuilds the snapshot, clears the routing state of combos whose
 definition changed, and replaces the HTTP clients of providers whose definition changed.
 
 The state store is `RedisStateStore` when `REDIS_URL` is set (shared by every worker; the write
@@ -12,6 +14,7 @@ path in `combos.services` / `combos.admin` resets changed combos' keys once, see
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import random
@@ -25,7 +28,7 @@ from django.conf import settings
 from combos import selectors
 from combos.engine.state import MemoryStateStore, StateStore
 from combos.engine.types import ConfigSnapshot, ProviderSpec
-from ocxsite import access, metrics, requestlog
+from ocxsite import access, confignotify, metrics, requestlog
 from ocxsite.access import KeyInfo
 from ocxsite.background import BatchWriter, in_thread
 from ocxsite.events import EVENTS_GROUP
@@ -98,6 +101,11 @@ class Runtime:
             self.limiter = GuardedLimiter(RedisLimiter(url, prefix), self.redis, workers)
         self._started: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        # The event loop serving requests (set by `ready()`): a write made in another thread of
+        # this process hands its reload to it (`reload_from_thread`).
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.listener: confignotify.Listener | None = None
+        self._refresh_lock = asyncio.Lock()
 
     async def ready(self) -> ConfigSnapshot:
         snapshot = self.snapshot
@@ -105,6 +113,13 @@ class Runtime:
             return snapshot
         async with self._lock:
             if self.snapshot is None:
+                self.loop = asyncio.get_running_loop()
+                if settings.OCX_REDIS_URL and self.listener is None:
+                    # Subscribed before the first load: no write can fall between the two.
+                    self.listener = confignotify.Listener(
+                        settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX, self._on_notice
+                    )
+                    await self.listener.start()
                 keys_version, snap, keys = await in_thread(_load)
                 self.apply(snap, keys, keys_version)
                 self._started = asyncio.get_running_loop().create_task(self._poll_forever())
@@ -132,16 +147,57 @@ class Runtime:
                     asyncio.get_running_loop().create_task(_close_later(pool, grace_s))
         self.snapshot = snapshot
 
+    def offer(
+        self,
+        snapshot: ConfigSnapshot | None,
+        keys: Mapping[str, KeyInfo] | None,
+        keys_version: int,
+    ) -> None:
+        """Apply what a reload read, unless this runtime already serves something newer (a poll
+        and a write's reload can finish in either order). Loop thread only."""
+        current = self.snapshot
+        newer_keys = keys is not None and keys_version > self.keys_version
+        if snapshot is not None and (current is None or snapshot.version > current.version):
+            if newer_keys:
+                assert keys is not None
+                self.apply(snapshot, keys, keys_version)
+            else:
+                self.apply(snapshot, self.keys, self.keys_version)
+            log.info("config version %s loaded", snapshot.version)
+        elif newer_keys:
+            assert keys is not None
+            self.keys, self.keys_version = keys, keys_version
+
     async def refresh(self) -> None:
         """One poll: reload the snapshot when the config version moved, the key map when the
         key-table version moved."""
-        version, keys_version, keys = await in_thread(_poll, self.keys_version)
-        if self.snapshot is None or version != self.snapshot.version:
-            loaded_version, snap, loaded = await in_thread(_load)
-            self.apply(snap, loaded, loaded_version)
-            log.info("config version %s loaded", snap.version)
-        elif keys is not None:
-            self.keys, self.keys_version = keys, keys_version
+        async with self._refresh_lock:
+            version, keys_version, keys = await in_thread(_poll, self.keys_version)
+            if self.snapshot is None:
+                loaded_version, snap, loaded = await in_thread(_load)
+                self.apply(snap, loaded, loaded_version)
+                log.info("config version %s loaded", snap.version)
+            elif version != self.snapshot.version:
+                loaded_version, snap, loaded = await in_thread(_load)
+                self.offer(snap, loaded, loaded_version)
+            elif keys is not None:
+                self.offer(None, keys, keys_version)
+
+    async def _on_notice(self, notice: confignotify.Notice | None) -> None:
+        """A write committed somewhere (None: a notice may have been missed): reload now."""
+        # `ready()` may be loading a config read before this write: wait for it, then compare.
+        snapshot = self.snapshot or await self.ready()
+        if (
+            notice is not None
+            and notice.config_version <= snapshot.version
+            and notice.keys_version <= self.keys_version
+        ):
+            return  # this worker took the write, or a poll got there first
+        try:
+            async with asyncio.timeout(confignotify.RELOAD_TIMEOUT_S):
+                await self.refresh()
+        except Exception:  # noqa: BLE001 - the poll retries; a notice must not kill the listener
+            log.exception("reload on a config notice failed; the poll retries")
 
     async def _poll_forever(self) -> None:
         interval = settings.OCX_CONFIG_POLL_MS / 1000
@@ -269,6 +325,52 @@ def _default_store(breaker: RedisBreaker | None) -> StateStore:
 
 
 _runtime: Runtime | None = None
+
+
+def reload_from_thread(timeout: float) -> bool:
+    """Make this process's runtime serve the committed config and key table before returning
+    (called by the thread that committed a write). The ORM reads run here, in the calling
+    thread; the event loop only swaps the result in. False when there is nothing to reload
+    (no runtime serving in this process, e.g. the CLI) or the loop did not answer in time."""
+    rt = _runtime
+    loop = rt.loop if rt is not None else None
+    if rt is None or loop is None or loop.is_closed():
+        return False
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        return False  # a thread running a loop must not block: the notice or poll catches up
+    if rt.snapshot is None:
+        # The first load is running and may have read the config before this write.
+        return _wait(asyncio.run_coroutine_threadsafe(_settle(rt), loop), timeout)
+    version, keys_version, keys = _poll(rt.keys_version)
+    snap: ConfigSnapshot | None = None
+    if version != rt.snapshot.version:
+        keys_version, snap, keys = _load()
+    if snap is None and keys is None:
+        return True
+
+    async def swap() -> None:
+        rt.offer(snap, keys, keys_version)
+
+    return _wait(asyncio.run_coroutine_threadsafe(swap(), loop), timeout)
+
+
+async def _settle(rt: Runtime) -> None:
+    await rt.ready()
+    await rt.refresh()
+
+
+def _wait(future: concurrent.futures.Future[None], timeout: float) -> bool:
+    try:
+        future.result(timeout)
+    except TimeoutError:
+        future.cancel()
+        log.warning("this worker's config reload after a write took over %.1fs", timeout)
+        return False
+    return True
 
 
 def get_runtime() -> Runtime:

@@ -1,4 +1,9 @@
-"""Writes for providers and the config version. Every write bumps the version."""
+"""Writes for providers and the config version. Every write bumps the version.
+
+After the transaction that bumped a version commits, `versions_committed` is sent: the server
+(`ocxsite.confignotify`) reloads the writing process's runtime at once and tells every other
+worker through Redis, so that a write is served by the very next request.
+"""
 
 from __future__ import annotations
 
@@ -15,12 +20,20 @@ from providers.errors import ConfigError
 from providers.models import ConfigState, Provider, ProviderModel
 from providers.sealing import mask, seal
 
+# Sent (no arguments) once the transaction that bumped a config or key-table version commits.
+versions_committed = Signal()
+
+
+def _announce() -> None:
+    versions_committed.send(sender=ConfigState)
+
 
 def config_bump() -> int:
     """Increment the config version (inside the caller's transaction)."""
     state, _ = ConfigState.objects.select_for_update().get_or_create(pk=1)
     state.version += 1
     state.save(update_fields=["version", "updated"])
+    transaction.on_commit(_announce, robust=True)
     return state.version
 
 
@@ -28,6 +41,7 @@ def keys_bump() -> None:
     """Increment the key-table version workers poll (inside the caller's transaction, if any)."""
     ConfigState.objects.get_or_create(pk=1)
     ConfigState.objects.filter(pk=1).update(keys_version=F("keys_version") + 1)
+    transaction.on_commit(_announce, robust=True)
 
 
 def _combo_ids() -> list[str]:
