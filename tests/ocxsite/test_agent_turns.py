@@ -486,7 +486,11 @@ def test_chat_client_turn_against_anthropic(server: Server, mock: Mock, stream: 
         {"role": "user", "content": "please call a tool"},
     ]
 
-    r1 = post_chat(server, key, chat_tool_request(f"combo/{combo_id}", stream, messages))
+    first = chat_tool_request(f"combo/{combo_id}", stream, messages)
+    if stream:
+        # The usage chunk only for a client that asks (PRODUCT §9.5).
+        first["stream_options"] = {"include_usage": True}
+    r1 = post_chat(server, key, first)
     assert r1.status_code == 200, r1.text
     if stream:
         chunks = chat_stream_chunks(r1.text)
