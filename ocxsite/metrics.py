@@ -41,6 +41,12 @@ PROXY_OVERHEAD = Histogram(
     "Time spent in ocx outside upstream attempts",
     buckets=OVERHEAD_BUCKETS,
 )
+MALFORMED_FRAMES = Counter(
+    "ocx_malformed_frames_total",
+    "Upstream stream frames whose data was not JSON (forwarded in a pass-through stream, "
+    "ended a translated one), by provider",
+    ["provider"],
+)
 REQUEST_LOG_DROPPED = Counter(
     "ocx_request_log_dropped_total", "Request log entries dropped because the queue was full"
 )

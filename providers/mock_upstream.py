@@ -61,6 +61,9 @@ BEHAVIOUR_KEYS = frozenset(
         "reset",
         "malformed_after_events",
         "omit_done",
+        "omit_terminal",
+        "done_sentinel",
+        "lead_text",
         "split_events",
         "deltas",
         "delta_ms",
@@ -107,8 +110,11 @@ def validate_behaviour(behaviour: object) -> JSON:
             raise BehaviourError(f"{key} must be an object")
     if "usage_limit" in behaviour and not isinstance(behaviour["usage_limit"], dict | bool):
         raise BehaviourError("usage_limit must be true or an object")
-    if "split_events" in behaviour and not isinstance(behaviour["split_events"], bool):
-        raise BehaviourError("split_events must be true or false")
+    for key in ("split_events", "omit_done", "omit_terminal", "done_sentinel"):
+        if key in behaviour and not isinstance(behaviour[key], bool):
+            raise BehaviourError(f"{key} must be true or false")
+    if "lead_text" in behaviour and not isinstance(behaviour["lead_text"], str):
+        raise BehaviourError("lead_text must be a string")
     return behaviour
 
 
@@ -497,6 +503,20 @@ def _responses_events(model: str, rid: str, reply: Reply, behaviour: JSON) -> li
 
     if fail == "before_output":
         return [*events, failure()]
+    lead = behaviour.get("lead_text")
+    if reply.tool_name is not None and lead:
+        # Visible text before the call (a message item of its own).
+        lead_item = {"type": "message", "id": "msg_mock_0", "role": "assistant", "content": []}
+        events.append(ev("response.output_item.added", output_index=0, item=lead_item))
+        events.append(
+            ev(
+                "response.output_text.delta",
+                item_id="msg_mock_0",
+                output_index=0,
+                content_index=0,
+                delta=lead,
+            )
+        )
     if reply.tool_name is not None:
         item: JSON = {
             "type": "function_call",
@@ -578,13 +598,15 @@ def _responses_events(model: str, rid: str, reply: Reply, behaviour: JSON) -> li
         )
         done_item = {**item, "status": "completed", "content": [part]}
     events.append(ev("response.output_item.done", output_index=0, item=done_item))
-    if not behaviour.get("omit_done"):
+    if not (behaviour.get("omit_done") or behaviour.get("omit_terminal")):
         events.append(
             ev(
                 "response.completed",
                 response=_responses_body(model, rid, created, done_item, reply),
             )
         )
+        if behaviour.get("done_sentinel"):
+            events.append(b"data: [DONE]\n\n")
     return events
 
 
@@ -651,6 +673,19 @@ def _chat_events(model: str, cid: str, reply: Reply, behaviour: JSON) -> list[by
     if fail == "before_output":
         return [failure()]
     events: list[bytes] = []
+    lead = behaviour.get("lead_text")
+    if reply.tool_name is not None and lead:
+        events.append(
+            chunk(
+                [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": lead},
+                        "finish_reason": None,
+                    }
+                ]
+            )
+        )
     if reply.tool_name is not None:
         call = {
             "index": 0,
@@ -693,6 +728,8 @@ def _chat_events(model: str, cid: str, reply: Reply, behaviour: JSON) -> list[by
             if fail == "after_output" and k == 0:
                 return [*events, failure()]
         finish = "stop"
+    if behaviour.get("omit_terminal"):
+        return events  # no finish_reason, no usage, no [DONE]: a stream that just stops
     events.append(chunk([{"index": 0, "delta": {}, "finish_reason": finish}]))
     if not reply.usage["omit"]:
         events.append(chunk([], usage=_chat_usage(reply)))
@@ -763,6 +800,28 @@ def _messages_events(model: str, mid: str, reply: Reply, behaviour: JSON) -> lis
     fail = behaviour.get("fail")
     if fail == "before_output":
         return [*events, failure()]
+    index = 0
+    lead = behaviour.get("lead_text")
+    if reply.tool_name is not None and lead:
+        text_block = {"type": "text", "text": ""}
+        events.append(
+            _sse(
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": text_block},
+            )
+        )
+        events.append(
+            _sse(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "text_delta", "text": lead},
+                },
+            )
+        )
+        events.append(_sse("content_block_stop", {"type": "content_block_stop", "index": 0}))
+        index = 1
     if reply.tool_name is not None:
         block: JSON = {
             "type": "tool_use",
@@ -777,7 +836,7 @@ def _messages_events(model: str, mid: str, reply: Reply, behaviour: JSON) -> lis
     events.append(
         _sse(
             "content_block_start",
-            {"type": "content_block_start", "index": 0, "content_block": block},
+            {"type": "content_block_start", "index": index, "content_block": block},
         )
     )
     for k, piece in enumerate(reply.pieces):
@@ -786,14 +845,14 @@ def _messages_events(model: str, mid: str, reply: Reply, behaviour: JSON) -> lis
                 "content_block_delta",
                 {
                     "type": "content_block_delta",
-                    "index": 0,
+                    "index": index,
                     "delta": {"type": delta_type, delta_key: piece},
                 },
             )
         )
         if fail == "after_output" and k == 0:
             return [*events, failure()]
-    events.append(_sse("content_block_stop", {"type": "content_block_stop", "index": 0}))
+    events.append(_sse("content_block_stop", {"type": "content_block_stop", "index": index}))
     events.append(
         _sse(
             "message_delta",
@@ -804,7 +863,7 @@ def _messages_events(model: str, mid: str, reply: Reply, behaviour: JSON) -> lis
             },
         )
     )
-    if not behaviour.get("omit_done"):
+    if not (behaviour.get("omit_done") or behaviour.get("omit_terminal")):
         events.append(_sse("message_stop", {"type": "message_stop"}))
     return events
 

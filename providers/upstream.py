@@ -33,7 +33,8 @@ from providers.wire.commit import (
     terminal_error_frame,
     truncation_failure,
 )
-from providers.wire.sse import SSEEvent
+from providers.wire.sse import DONE_FRAME, SSEEvent
+from providers.wire.toolcalls import declared_tools, undeclared_at, undeclared_in_answer
 from providers.wire.usage import Usage, extract_usage
 
 Protocol_ = Literal["responses", "chat", "anthropic"]
@@ -390,10 +391,12 @@ async def attempt(
         # Freeform (`custom`) tools are sent as functions; their calls go back as
         # `custom_tool_call` items (codex-wire §3.3).
         custom = chat.custom_tool_names(body) if inbound == "responses" else frozenset()
+        # The tools the upstream was offered, by the names it sees (PRODUCT §5.4).
+        declared = declared_tools(upstream, out_body)
         if not stream:
             left_ms = max(1, t.total_ms - int((time.monotonic() - started) * 1000))
             return await _non_stream(
-                resp, inbound, upstream, target, responder, caller, left_ms, custom
+                resp, inbound, upstream, target, responder, caller, left_ms, custom, declared
             )
         return await _stream(
             resp,
@@ -406,6 +409,7 @@ async def attempt(
             t.idle_ms,
             custom,
             include_usage=inbound != "chat" or client_wants_usage(body),
+            declared=declared,
         )
     finally:
         await resp.aclose()
@@ -428,6 +432,7 @@ async def _non_stream(
     caller: Caller,
     total_ms: int,
     custom_tools: frozenset[str] = frozenset(),
+    declared: frozenset[str] | None = None,
 ) -> Outcome:
     try:
         raw = await _read_bounded(resp, MAX_BODY, total_ms / 1000)
@@ -449,6 +454,10 @@ async def _non_stream(
         # attempt, classified like any other upstream failure.
         lowered = {k.lower(): v for k, v in resp.headers.items()}
         return Outcome(False, failure_from_response(502, lowered, raw[:FAILURE_BODY_LIMIT]))
+    # Nothing is sent before the whole answer is read, so an undeclared call anywhere hops.
+    tool = undeclared_in_answer(upstream, data, declared)
+    if tool is not None:
+        return Outcome(False, _undeclared(tool), cool=False)
     if inbound != upstream:
         try:
             translated = _translate_json(
@@ -481,6 +490,24 @@ async def _non_stream(
 _COMMITTING = (EventClass.OUTPUT, EventClass.COMPLETED, EventClass.INCOMPLETE, EventClass.FINISH)
 
 
+def _undeclared_message(tool: str) -> str:
+    return f"Model called a tool the request did not declare: {tool[:100]!r}"
+
+
+def _undeclared(tool: str) -> Failure:
+    """An undeclared tool call: a model-output problem (hop, no cooldown), PRODUCT §5.4."""
+    return Failure(transport="undeclared_tool", message=_undeclared_message(tool))
+
+
+def _undeclared_stream_failure(tool: str) -> StreamFailure:
+    return StreamFailure(
+        status=502,
+        type="upstream_error",
+        code="undeclared_tool",
+        message=_undeclared_message(tool),
+    )
+
+
 def _frames(events: tuple[SSEEvent, ...]) -> bytes:
     """The exact bytes of complete frames. Pass-through forwards these rather than the chunks
     as read, so a frame split across reads is sent whole or not at all: never half a frame that
@@ -502,15 +529,22 @@ def _last_frame(events: tuple[SSEEvent, ...]) -> bytes:
     return data + b"\n\n"
 
 
-def _malformed_at(events: tuple[SSEEvent, ...]) -> int | None:
-    """Index of the first frame whose data is not JSON (`[DONE]` aside), else None."""
+def _malformed(events: tuple[SSEEvent, ...]) -> list[int]:
+    """Indexes of the frames whose data is not JSON (`[DONE]` aside)."""
+    out = []
     for i, event in enumerate(events):
         if event.has_data and not event.is_done:
             try:
                 json.loads(event.data)
             except ValueError:
-                return i
-    return None
+                out.append(i)
+    return out
+
+
+def _malformed_at(events: tuple[SSEEvent, ...]) -> int | None:
+    """Index of the first frame whose data is not JSON (`[DONE]` aside), else None."""
+    found = _malformed(events)
+    return found[0] if found else None
 
 
 def _commits(upstream: Protocol_, events: tuple[SSEEvent, ...]) -> bool:
@@ -562,6 +596,7 @@ async def _stream(
     custom_tools: frozenset[str] = frozenset(),
     *,
     include_usage: bool = True,
+    declared: frozenset[str] | None = None,
 ) -> Outcome:
     scanner = _scanner(upstream)
     translator, preamble = _stream_translator(
@@ -572,86 +607,124 @@ async def _stream(
     pending: list[bytes] = [preamble] if preamble else []
     committed = False
     broken: StreamFailure | None = None
+    undeclared: str | None = None
     usage: Usage | None = None
+    malformed = 0
+
+    def translate(events: tuple[SSEEvent, ...]) -> bytes:
+        if translator is None:
+            return _frames(_client_events(events, drop_usage))
+        return b"".join(translator.feed_event(e) for e in events)
+
+    def cut_at(events: tuple[SSEEvent, ...]) -> tuple[int, StreamFailure, str | None] | None:
+        """Where this batch must stop: a malformed frame in a translated stream (a pass-through
+        forwards it as received, PRODUCT §5.4) or a call to an undeclared tool; else None."""
+        found: list[tuple[int, StreamFailure, str | None]] = []
+        bad = _malformed_at(events) if translator is not None else None
+        if bad is not None:
+            found.append((bad, truncation_failure("sent malformed stream data"), None))
+        tool = undeclared_at(upstream, events, declared)
+        if tool is not None:
+            found.append((tool[0], _undeclared_stream_failure(tool[1]), tool[1]))
+        return min(found, key=lambda f: f[0]) if found else None
+
+    async def commit_with(data: bytes) -> None:
+        nonlocal committed, pending
+        committed = True
+        await responder.commit(200, list(SSE_HEADERS), target)
+        await responder.write(b"".join(pending) + data)
+        pending = []
+
+    def failed_before_commit(tool: str | None) -> Outcome:
+        if tool is not None:
+            return Outcome(False, _undeclared(tool), cool=False, malformed=malformed)
+        return Outcome(
+            False,
+            Failure(
+                status=502, transport="malformed", message="upstream sent malformed stream data"
+            ),
+            malformed=malformed,
+        )
+
     try:
         async for chunk in _chunks(resp, first_byte_ms, idle_ms):
             decision = scanner.feed(chunk)
+            malformed += len(_malformed(decision.events))
             if decision.phase is Phase.FAILED:
                 assert decision.failure is not None
-                return Outcome(False, _failure_from_stream(decision.failure, "error"))
+                return Outcome(
+                    False, _failure_from_stream(decision.failure, "error"), malformed=malformed
+                )
             usage = _scan_usage(decision.events, usage)
-            bad = _malformed_at(decision.events)
-            if bad is not None:
-                # Malformed data: before output it is a failed attempt (hop); after commit the
-                # client gets what preceded it, then an explicit terminal error (PRODUCT §5.4).
-                good = decision.events[:bad]
-                if translator is None:
-                    data = _frames(_client_events(good, drop_usage))
-                else:
-                    data = b"".join(translator.feed_event(e) for e in good)
+            cut = cut_at(decision.events)
+            if cut is not None:
+                # Before output this is a failed attempt (hop); after commit the client gets
+                # what preceded it, then an explicit terminal error (PRODUCT §5.4).
+                good = decision.events[: cut[0]]
+                data = translate(good)
                 if not committed:
                     if not _commits(upstream, good):
-                        return Outcome(
-                            False,
-                            Failure(
-                                status=502,
-                                transport="malformed",
-                                message="upstream sent malformed stream data",
-                            ),
-                        )
-                    committed = True
-                    await responder.commit(200, list(SSE_HEADERS), target)
-                    data = b"".join(pending) + data
-                    pending = []
-                await responder.write(data)
-                broken = truncation_failure("sent malformed stream data")
+                        return failed_before_commit(cut[2])
+                    await commit_with(data)
+                else:
+                    await responder.write(data)
+                broken, undeclared = cut[1], cut[2]
                 break
-            data = (
-                _frames(_client_events(decision.events, drop_usage))
-                if translator is None
-                else b"".join(translator.feed_event(e) for e in decision.events)
-            )
+            data = translate(decision.events)
             if not committed:
                 if decision.phase is Phase.COMMITTED:
-                    committed = True
-                    await responder.commit(200, list(SSE_HEADERS), target)
-                    await responder.write(b"".join(pending) + data)
-                    pending = []
+                    await commit_with(data)
                 elif data:
                     pending.append(data)
             elif data:
                 await responder.write(data)
     except TimeoutError:
-        broken = truncation_failure(
-            "stalled (idle timeout)" if committed else "sent no output before the timeout"
-        )
         if not committed:
             kind = "timeout_idle" if scanner.buffered() else "timeout_first_byte"
-            return Outcome(False, Failure(transport=kind, message=broken.message))
+            return Outcome(
+                False,
+                Failure(transport=kind, message="Upstream sent no output before the timeout"),
+                malformed=malformed,
+            )
+        # After its terminal signal a stream that goes quiet is complete (judged by content).
+        if not scanner.terminal_seen:
+            broken = truncation_failure("stalled (idle timeout)")
     except httpx.HTTPError:
-        broken = truncation_failure("connection was cut")
         if not committed:
-            return Outcome(False, Failure(transport="reset", message=broken.message))
+            return Outcome(
+                False,
+                Failure(transport="reset", message="Upstream connection was cut"),
+                malformed=malformed,
+            )
+        if not scanner.terminal_seen:
+            broken = truncation_failure("connection was cut")
     if broken is None:
         decision = scanner.finish()
         usage = _scan_usage(decision.events, usage)
-        if not committed:
-            if decision.phase is Phase.FAILED:
-                assert decision.failure is not None
-                return Outcome(False, _failure_from_stream(decision.failure, "error"))
-            # The stream completed without visible output (e.g. an empty answer): commit it.
-            committed = True
-            tail = (
-                _last_frame(_client_events(decision.events, drop_usage))
-                if translator is None
-                else b"".join(translator.feed_event(e) for e in decision.events)
+        malformed += len(_malformed(decision.events))
+        if not committed and decision.phase is Phase.FAILED:
+            assert decision.failure is not None
+            return Outcome(
+                False, _failure_from_stream(decision.failure, "error"), malformed=malformed
             )
-            await responder.commit(200, list(SSE_HEADERS), target)
-            await responder.write(b"".join(pending) + tail)
-        elif translator is not None and decision.events:
-            await responder.write(b"".join(translator.feed_event(e) for e in decision.events))
-        elif decision.events:
-            await responder.write(_last_frame(_client_events(decision.events, drop_usage)))
+        events = decision.events
+        cut = cut_at(events)
+        if cut is not None:
+            events = events[: cut[0]]
+            broken, undeclared = cut[1], cut[2]
+            if not committed and not _commits(upstream, events):
+                return failed_before_commit(undeclared)
+        tail = (
+            _last_frame(_client_events(events, drop_usage))
+            if translator is None
+            else translate(events)
+        )
+        if not committed:
+            # The stream completed without visible output (e.g. an empty answer): commit it.
+            await commit_with(tail)
+        elif tail:
+            await responder.write(tail)
+    if broken is None:
         end = scanner.end_state()
         if end is EndState.TRUNCATED or end is EndState.OPEN:
             broken = truncation_failure("stream ended before completion")
@@ -660,14 +733,31 @@ async def _stream(
             if translator is not None:
                 await responder.write(translator.close())
             return Outcome(
-                True, _failure_from_stream(sf, "response.failed"), status=200, usage=usage
+                True,
+                _failure_from_stream(sf, "response.failed"),
+                status=200,
+                usage=usage,
+                malformed=malformed,
             )
     if broken is not None:
         if translator is not None:
             await responder.write(translator.fail(broken))
         else:
             await responder.write(terminal_error_frame(inbound, broken))  # type: ignore[arg-type]
-        return Outcome(True, _failure_from_stream(broken), status=200, usage=usage)
+        failure = (
+            _undeclared(undeclared) if undeclared is not None else _failure_from_stream(broken)
+        )
+        return Outcome(
+            True,
+            failure,
+            status=200,
+            usage=usage,
+            malformed=malformed,
+            cool=undeclared is None,
+        )
     if translator is not None:
         await responder.write(translator.close())
-    return Outcome(True, status=200, usage=usage)
+    elif upstream == "chat" and not scanner.done_seen:
+        # A Chat stream complete without its `[DONE]` trailer: the client still gets one.
+        await responder.write(DONE_FRAME)
+    return Outcome(True, status=200, usage=usage, malformed=malformed)

@@ -28,6 +28,7 @@ TRANSPORT_KINDS: frozenset[str] = frozenset(
         "timeout_idle",
         "timeout_total",
         "malformed",
+        "undeclared_tool",
     }
 )
 STREAM_EVENTS: frozenset[str] = frozenset({"response.failed", "response.incomplete", "error"})
@@ -771,6 +772,16 @@ def classify(failure: Failure) -> Decision:
     and the `response_format` refusal hop without cooling. Client aborts must be handled by the
     caller before classification; a 499 here stops without cooling.
     """
+    if failure.transport == "undeclared_tool":
+        # The model called a tool the request did not declare (PRODUCT §5.4): a model-output
+        # problem, not a provider outage, so it hops without cooling the target.
+        return Decision(
+            action="hop",
+            reason="undeclared_tool",
+            scope="none",
+            request_local=True,
+            code="undeclared_tool",
+        )
     if failure.status is None and failure.stream_event is None:
         kind = failure.transport or "no_response"
         return Decision(

@@ -713,8 +713,9 @@ class ChatToResponsesStream:
 
     Feed each upstream frame with `feed_event(event)` (or decoded chunks with `feed(chunk)` and
     the sentinel with `feed_done()`); call `close()` at end of stream. Only choice 0 is used.
-    A clean end is `[DONE]` after a `finish_reason` → `response.completed` with usage; an
-    `error` chunk, malformed JSON, or a stream that stops early → `response.failed`.
+    A clean end is a `finish_reason` (then `[DONE]` or simply the end of the body) →
+    `response.completed` with usage; an `error` chunk, malformed JSON, or a stream that stops
+    before any `finish_reason` → `response.failed`.
     """
 
     def __init__(
@@ -823,10 +824,13 @@ class ChatToResponsesStream:
         )
 
     def close(self) -> bytes:
-        """End of the upstream body: `response.failed` unless already terminated."""
+        """End of the upstream body: complete when a `finish_reason` was seen (a missing `[DONE]`
+        trailer is not a cut, PRODUCT §5.4), otherwise `response.failed`."""
         if self.finished:
             return b""
-        return self.fail(truncation_failure("stream ended before [DONE]"))
+        if self._finish is not None:
+            return self.feed_done()
+        return self.fail(truncation_failure("stream ended without a finish_reason"))
 
     def fail(self, failure: StreamFailure) -> bytes:
         return self.writer.fail(failure)

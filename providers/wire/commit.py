@@ -128,6 +128,9 @@ class EventClass(Enum):
     FINISH = "finish"  # Chat chunk carrying a finish_reason without content
     DONE = "done"  # Chat `[DONE]`
     FAILURE = "failure"  # failure terminal / error event
+    # Data that is not JSON: neither output nor a terminal. A pass-through stream forwards it
+    # as received (held with the buffer before commit); a translated stream stops on it.
+    MALFORMED = "malformed"
 
 
 def _status_from(value: Any) -> int | None:
@@ -216,7 +219,7 @@ def classify_payload(protocol: WireProtocol, event: SSEEvent) -> EventClass:
     try:
         payload = event.json()
     except ValueError:
-        return EventClass.OUTPUT
+        return EventClass.MALFORMED
     if not isinstance(payload, dict):
         return EventClass.OUTPUT
     if protocol == "responses":
@@ -312,6 +315,7 @@ class _EndTracker:
         self.failure_of = failure_of
         self.state = EndState.OPEN
         self.finish_seen = False
+        self.done_seen = False
         self.failure: StreamFailure | None = None
 
     def observe(self, cls: EventClass, event: SSEEvent) -> None:
@@ -328,11 +332,16 @@ class _EndTracker:
             if cls is EventClass.FINISH or (cls is EventClass.OUTPUT and _chunk_finishes(event)):
                 self.finish_seen = True
             elif cls is EventClass.DONE:
+                self.done_seen = True
                 self.state = EndState.COMPLETED if self.finish_seen else EndState.TRUNCATED
 
-    def close(self) -> None:
+    def close(self, *, cut: bool = False) -> None:
+        """End of stream. A Chat stream that sent its `finish_reason` is complete without the
+        `[DONE]` trailer (judged by content, PRODUCT §5.4), unless the stream was `cut` (a
+        runaway frame): only a stream with no terminal signal at all is truncated."""
         if self.state is EndState.OPEN:
-            self.state = EndState.TRUNCATED
+            complete = self.protocol == "chat" and self.finish_seen and not cut
+            self.state = EndState.COMPLETED if complete else EndState.TRUNCATED
 
 
 def _chunk_finishes(event: SSEEvent) -> bool:
@@ -405,6 +414,21 @@ class CommitScanner:
     def end_state(self) -> EndState:
         return self._end.state
 
+    @property
+    def terminal_seen(self) -> bool:
+        """Whether the stream sent its terminal signal (`response.completed`/`failed`/
+        `incomplete`, `message_stop`, a Chat `finish_reason`): what follows (a `[DONE]`, a
+        clean close, a cut) cannot make the answer incomplete."""
+        end = self._end
+        if end.state in (EndState.COMPLETED, EndState.FAILED, EndState.INCOMPLETE):
+            return True
+        return end.state is EndState.OPEN and self.protocol == "chat" and end.finish_seen
+
+    @property
+    def done_seen(self) -> bool:
+        """Whether a Chat stream sent its `[DONE]` trailer (a pass-through adds it if not)."""
+        return self._end.done_seen
+
     def feed(self, chunk: bytes) -> Decision:
         """Inspect one upstream chunk and return the phase after it."""
         if self._phase is Phase.FAILED:
@@ -450,7 +474,7 @@ class CommitScanner:
             events = tuple(self._parser.feed(chunk))
         except SSEFrameTooLarge:
             # Post-commit a runaway frame is malformed data: the stream counts as truncated.
-            self._end.close()
+            self._end.close(cut=True)
             return ()
         for event in events:
             self._end.observe(self.classify(event), event)

@@ -263,22 +263,32 @@ def test_garbage_error_body_hops(
     assert_upstream_error(r)
 
 
-def test_malformed_stream_before_output_hops(server: Server, mock: Mock) -> None:
-    mock.script("ma", [{"malformed_after_events": 0}], then={"malformed_after_events": 0})
+def test_malformed_frame_before_output_is_held_then_forwarded(server: Server, mock: Mock) -> None:
+    # Same protocol: a malformed frame before any output neither commits nor hops; it is held
+    # with the buffer and forwarded as received once real output commits (PRODUCT §5.4).
+    mock.script("ma", [{"malformed_after_events": 0}])
     combo_id, headers = setup_combo(server, mock, [("p1", "ma"), ("p2", "mb")])
     r = ask(server, combo_id, headers, stream=True)
     assert r.status_code == 200
-    assert r.headers["x-ocx-target"] == "p2/mb"
-    events = sse_events(r.text)
+    assert r.headers["x-ocx-target"] == "p1/ma"
+    assert r.text.startswith("data: {not json\n\n")
+    assert sse_events(r.text)[-1][0] == "response.completed"
+    assert mock.hits("mb") == 0
+
+
+def test_malformed_frame_then_zero_output_failure_hops(server: Server, mock: Mock) -> None:
+    # Held garbage followed by a zero-output failure: still a hop, and the garbage of the
+    # failed attempt never reaches the client.
+    mock.script("mf", [{"malformed_after_events": 0, "fail": "before_output"}])
+    combo_id, headers = setup_combo(server, mock, [("p1", "mf"), ("p2", "mg")])
+    r = ask(server, combo_id, headers, stream=True)
+    assert r.status_code == 200
+    assert r.headers["x-ocx-target"] == "p2/mg"
     assert "{not json" not in r.text
-    assert events[-1][0] == "response.completed"
-
-    single, headers = setup_combo(server, mock, [("p1", "ma")])
-    r = ask(server, single, headers, stream=True)
-    assert_upstream_error(r)
+    assert sse_events(r.text)[-1][0] == "response.completed"
 
 
-def test_malformed_chat_stream_before_output_hops(server: Server, mock: Mock) -> None:
+def test_malformed_chat_stream_before_output_is_forwarded(server: Server, mock: Mock) -> None:
     mock.script("mc", [{"malformed_after_events": 0}])
     combo_id, headers = setup_combo(server, mock, [("p1", "mc"), ("p2", "md")], "openai-chat")
     r = server.http.post(
@@ -291,9 +301,25 @@ def test_malformed_chat_stream_before_output_hops(server: Server, mock: Mock) ->
         headers=headers,
     )
     assert r.status_code == 200
-    assert r.headers["x-ocx-target"] == "p2/md"
-    assert "{not json" not in r.text
+    assert r.headers["x-ocx-target"] == "p1/mc"
+    assert r.text.startswith("data: {not json\n\n")
     assert sse_events(r.text)[-1][1] == "[DONE]"
+    assert mock.hits("md") == 0
+
+
+def test_malformed_translated_stream_before_output_hops(server: Server, mock: Mock) -> None:
+    # Translated (Chat upstream, Responses client): garbage before output is a failed attempt.
+    mock.script("mt", [{"malformed_after_events": 0}], then={"malformed_after_events": 0})
+    combo_id, headers = setup_combo(server, mock, [("p1", "mt"), ("p2", "mu")], "openai-chat")
+    r = ask(server, combo_id, headers, stream=True)
+    assert r.status_code == 200
+    assert r.headers["x-ocx-target"] == "p2/mu"
+    assert "{not json" not in r.text
+    assert sse_events(r.text)[-1][0] == "response.completed"
+
+    single, headers = setup_combo(server, mock, [("p1", "mt")], "openai-chat")
+    r = ask(server, single, headers, stream=True)
+    assert_upstream_error(r)
 
 
 @pytest.mark.parametrize("chat_client", [False, True])

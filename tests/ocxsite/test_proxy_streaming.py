@@ -181,7 +181,8 @@ def test_cut_after_output_chat_client(server: Server, mock: Mock, adapter: str) 
     assert mock.hits("cutc2") == 0
 
 
-def test_malformed_chunk_after_output_responses(server: Server, mock: Mock) -> None:
+def test_malformed_chunk_after_output_responses_is_forwarded(server: Server, mock: Mock) -> None:
+    # Same protocol: the client sees exactly what the upstream sent (PRODUCT §5.4).
     mock.script("mal", [{"malformed_after_events": 5, "deltas": 4}])
     combo_id, key = setup_combo(server, mock, [("p1", "mal"), ("p2", "mal2")])
 
@@ -189,11 +190,14 @@ def test_malformed_chunk_after_output_responses(server: Server, mock: Mock) -> N
 
     assert r.status_code == 200
     assert r.headers["x-ocx-target"] == "p1/mal"
-    assert_responses_failed(sse_events(r.text))
+    assert r.text.count("data: {not json\n\n") == 1
+    events = sse_events(r.text)
+    assert names(events)[-1] == "response.completed"
+    assert "".join(deltas(events)) == "mock reply from mal"
     assert mock.hits("mal2") == 0
 
 
-def test_malformed_chunk_after_output_chat(server: Server, mock: Mock) -> None:
+def test_malformed_chunk_after_output_chat_is_forwarded(server: Server, mock: Mock) -> None:
     mock.script("malc", [{"malformed_after_events": 2, "deltas": 4}])
     combo_id, key = setup_combo(
         server, mock, [("p1", "malc"), ("p2", "malc2")], adapters={"p1": "openai-chat"}
@@ -202,17 +206,17 @@ def test_malformed_chunk_after_output_chat(server: Server, mock: Mock) -> None:
     r = stream_chat(server, f"combo/{combo_id}", key)
 
     assert r.status_code == 200
-    assert_chat_failed(r.text)
+    assert r.text.count("data: {not json\n\n") == 1
+    assert chat_payloads(r.text)[-1] == "[DONE]"
     assert mock.hits("malc2") == 0
 
 
 def whole_frames(text: str) -> list[Any]:
-    """The client's frames, each of which must parse: no half frame was forwarded and nothing
-    (an appended terminal error included) ran into one."""
-    assert "{not json" not in text
+    """The client's frames, each of which must parse (a malformed one forwarded whole aside): no
+    half frame was forwarded and nothing (an appended terminal error included) ran into one."""
     out = []
     for _, data in sse_events(text):
-        assert data == "[DONE]" or isinstance(data, dict), data
+        assert data in ("[DONE]", "{not json") or isinstance(data, dict), data
         out.append(data)
     return out
 
@@ -242,11 +246,22 @@ def test_frames_split_across_reads_pass_through_whole(server: Server, mock: Mock
     assert len(frames) >= 6
 
 
+@pytest.mark.parametrize(("api", "after"), [("responses", 5), ("chat", 2)])
+def test_a_malformed_frame_split_across_reads_is_forwarded_whole(
+    server: Server, mock: Mock, api: str, after: int
+) -> None:
+    r, frames = split_stream(server, mock, api, {"malformed_after_events": after})
+    assert r.text.count("data: {not json\n\n") == 1
+    assert frames[after] == "{not json"
+    if api == "chat":
+        assert frames[-1] == "[DONE]"
+    else:
+        assert frames[-1]["type"] == "response.completed"
+
+
 @pytest.mark.parametrize(
     ("api", "fault", "after"),
     [
-        ("responses", "malformed_after_events", 5),
-        ("chat", "malformed_after_events", 2),
         ("responses", "cut_after_events", 6),  # the connection closes mid-frame
         ("chat", "cut_after_events", 3),
     ],
@@ -262,14 +277,17 @@ def test_a_broken_frame_split_across_reads_never_reaches_the_client(
     assert len(frames) == after + 1  # the whole frames before it, then the terminal error
 
 
-def test_chat_stream_missing_done(server: Server, mock: Mock) -> None:
+def test_chat_stream_missing_done_is_complete(server: Server, mock: Mock) -> None:
+    # finish_reason (and usage) sent, then the body ends without `[DONE]`: judged by content.
     mock.script("nodone", [{"omit_done": True}])
     combo_id, key = setup_combo(server, mock, [("p1", "nodone")], adapters={"p1": "openai-chat"})
 
     r = stream_chat(server, f"combo/{combo_id}", key)
 
     assert r.status_code == 200
-    assert_chat_failed(r.text)
+    payloads = chat_payloads(r.text)
+    assert payloads[-1] == "[DONE]" and payloads.count("[DONE]") == 1
+    assert not any(isinstance(p, dict) and "error" in p for p in payloads)
 
 
 def test_responses_stream_missing_completed(server: Server, mock: Mock) -> None:
@@ -285,11 +303,31 @@ def test_responses_stream_missing_completed(server: Server, mock: Mock) -> None:
 
 
 def test_chat_upstream_missing_done_to_responses_client(server: Server, mock: Mock) -> None:
-    mock.script("nodr", [{"omit_done": True}])
+    mock.script("nodr", [{"omit_done": True, "usage": {"input_tokens": 7, "output_tokens": 3}}])
     combo_id, key = setup_combo(server, mock, [("p1", "nodr")], adapters={"p1": "openai-chat"})
     r = stream_responses(server, f"combo/{combo_id}", key)
     assert r.status_code == 200
-    assert_responses_failed(sse_events(r.text))
+    events = sse_events(r.text)
+    assert names(events)[-1] == "response.completed"
+    assert events[-1][1]["response"]["usage"]["input_tokens"] == 7
+    assert events[-1][1]["response"]["usage"]["output_tokens"] == 3
+
+
+@pytest.mark.parametrize("client", ["chat", "responses"])
+def test_chat_upstream_with_no_terminal_at_all_is_a_cut(
+    server: Server, mock: Mock, client: str
+) -> None:
+    # Content, then the body ends: no finish_reason, no usage, no `[DONE]`.
+    model = f"noterm{client}"
+    mock.script(model, [{"omit_terminal": True}])
+    combo_id, key = setup_combo(server, mock, [("p1", model)], adapters={"p1": "openai-chat"})
+    if client == "chat":
+        r = stream_chat(server, f"combo/{combo_id}", key)
+        assert_chat_failed(r.text)
+    else:
+        r = stream_responses(server, f"combo/{combo_id}", key)
+        assert_responses_failed(sse_events(r.text))
+    assert r.headers["x-ocx-target"] == f"p1/{model}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -754,3 +754,44 @@ def test_module_is_framework_free() -> None:
     source = Path(mock_upstream.__file__).read_text()
     assert "django" not in source
     assert "from __future__ import annotations" in source
+
+
+async def test_omit_terminal_done_sentinel_and_lead_text(mock: Mock) -> None:
+    chat = {"model": "gpt-t", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+    await mock.script("gpt-t", [{"omit_terminal": True}])
+    _, raw = await stream_text(mock, "/v1/chat/completions", chat)
+    datas = [json.loads(d) for _, d in sse_events(raw)]  # no [DONE] to fail json.loads
+    assert all(c["choices"] and not c["choices"][0].get("finish_reason") for c in datas)
+    assert not any("usage" in c for c in datas)
+
+    await mock.script("m1", [{"done_sentinel": True}])
+    _, raw = await stream_text(mock, "/v1/responses", responses_body())
+    datas = [d for _, d in sse_events(raw)]
+    assert datas[-1] == "[DONE]" and json.loads(datas[-2])["type"] == "response.completed"
+
+    await mock.script("gpt-t", [{"tool_call": {"name": "stale_tool"}, "lead_text": "Sure."}])
+    _, raw = await stream_text(mock, "/v1/chat/completions", chat)
+    chunks = [json.loads(d) for _, d in sse_events(raw) if d != "[DONE]"]
+    assert chunks[0]["choices"][0]["delta"]["content"] == "Sure."
+    call = chunks[1]["choices"][0]["delta"]["tool_calls"][0]
+    assert call["function"]["name"] == "stale_tool"
+
+    messages = {
+        "model": "m2",
+        "stream": True,
+        "max_tokens": 10,
+        "messages": [{"role": "user", "content": "x"}],
+    }
+    await mock.script("m2", [{"tool_call": {"name": "t"}, "lead_text": "Sure."}])
+    _, raw = await stream_text(mock, "/v1/messages", messages)
+    starts = [json.loads(d) for e, d in sse_events(raw) if e == "content_block_start"]
+    assert [(s["index"], s["content_block"]["type"]) for s in starts] == [
+        (0, "text"),
+        (1, "tool_use"),
+    ]
+
+
+async def test_new_flags_are_validated(mock: Mock) -> None:
+    for bad in ({"omit_terminal": 1}, {"done_sentinel": "yes"}, {"lead_text": 3}):
+        r = await mock.client.post("/_mock/script", json={"model": "x", "steps": [bad]})
+        assert r.status_code == 400, bad

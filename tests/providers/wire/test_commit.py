@@ -76,7 +76,6 @@ def test_responses_lifecycle_keeps_buffering(payload: bytes) -> None:
         rframe("response.output_item.added", item={"type": "function_call"}),
         rframe("response.reasoning_summary_text.delta", delta="x"),
         rframe("response.something_new"),
-        frame("not json"),
         frame([1, 2]),
         frame({"no": "type"}),
     ],
@@ -272,7 +271,6 @@ def test_chat_control_buffers(payload: bytes) -> None:
         chunk(content="Hello"),
         chunk(reasoning_content="thinking"),
         chunk(tool_calls=[{"index": 0, "id": "call_1", "function": {"name": "f"}}]),
-        frame("garbage"),
     ],
 )
 def test_chat_output_commits(payload: bytes) -> None:
@@ -342,7 +340,9 @@ def test_chat_finish_only_commits_and_done_is_clean() -> None:
             ],
             EndState.COMPLETED,
         ),
-        ([finish_chunk()], EndState.TRUNCATED),  # missing [DONE]
+        # Judged by content: a finish_reason without the [DONE] trailer is complete.
+        ([finish_chunk()], EndState.COMPLETED),
+        ([finish_chunk(), frame({"id": "c1", "choices": [], "usage": {}})], EndState.COMPLETED),
         ([frame("[DONE]")], EndState.TRUNCATED),  # [DONE] without a finish_reason
         ([], EndState.TRUNCATED),  # cut connection
         ([frame({"error": {"message": "x"}})], EndState.FAILED),
@@ -433,3 +433,82 @@ def test_terminal_error_frame_for_failed_upstream_is_a_new_failed_event() -> Non
         json.loads(raw.split(b"data: ", 1)[1])["response"]["error"]["code"]
         == "server_is_overloaded"
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Judged by content (PRODUCT §5.4): malformed frames, missing trailers
+
+
+@pytest.mark.parametrize("protocol", ["responses", "chat"])
+def test_malformed_frame_before_output_is_held_not_committed(protocol: WireProtocol) -> None:
+    scanner = CommitScanner(protocol)
+    garbage = frame("{not json")
+    assert scanner.feed(garbage).phase is Phase.BUFFERING
+    output = TEXT if protocol == "responses" else chunk(content="Hi")
+    decision = scanner.feed(output)
+    assert (decision.phase, decision.reason) == (Phase.COMMITTED, "output")
+    assert scanner.buffered() == [garbage, output]  # replayed exactly as received
+
+
+@pytest.mark.parametrize("protocol", ["responses", "chat"])
+def test_only_malformed_frames_then_end_is_a_zero_output_failure(protocol: WireProtocol) -> None:
+    scanner = CommitScanner(protocol)
+    scanner.feed(frame("{not json"))
+    decision = scanner.finish()
+    assert decision.phase is Phase.FAILED
+    assert decision.failure is not None and decision.failure.code == "upstream_stream_truncated"
+
+
+def test_malformed_frame_after_commit_does_not_end_a_chat_stream() -> None:
+    scanner = CommitScanner("chat")
+    scanner.feed(chunk(content="Hi"))
+    scanner.feed(frame("{not json"))
+    assert not scanner.terminal_seen
+    scanner.feed(finish_chunk())
+    assert scanner.terminal_seen
+    scanner.finish()
+    assert scanner.end_state() is EndState.COMPLETED
+    assert not scanner.done_seen
+
+
+def test_chat_done_seen_is_tracked() -> None:
+    scanner = CommitScanner("chat")
+    scanner.feed(chunk(content="Hi") + finish_chunk() + frame("[DONE]"))
+    scanner.finish()
+    assert scanner.end_state() is EndState.COMPLETED
+    assert scanner.done_seen
+
+
+def test_chat_usage_chunk_without_finish_is_still_a_cut() -> None:
+    scanner = CommitScanner("chat")
+    scanner.feed(chunk(content="Hi"))
+    scanner.feed(frame({"id": "c1", "choices": [], "usage": {"prompt_tokens": 1}}))
+    assert not scanner.terminal_seen
+    scanner.finish()
+    assert scanner.end_state() is EndState.TRUNCATED
+
+
+@pytest.mark.parametrize(
+    ("tail", "seen"),
+    [
+        ([COMPLETED], True),
+        ([rframe("response.incomplete", response={"incomplete_details": {"reason": "x"}})], True),
+        ([rframe("response.failed")], True),
+        ([], False),
+    ],
+)
+def test_responses_terminal_seen(tail: list[bytes], seen: bool) -> None:
+    scanner = CommitScanner("responses")
+    scanner.feed(TEXT)
+    for part in tail:
+        scanner.feed(part)
+    assert scanner.terminal_seen is seen
+
+
+def test_runaway_frame_after_finish_is_still_a_cut() -> None:
+    scanner = CommitScanner("chat", max_frame_bytes=64)
+    scanner.feed(chunk(content="Hi"))
+    scanner.feed(finish_chunk())
+    scanner.feed(b"data: " + b"x" * 100)
+    scanner.finish()
+    assert scanner.end_state() is EndState.TRUNCATED
