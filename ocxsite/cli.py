@@ -37,9 +37,25 @@ commands:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # a closed pipe shows up here when the output was buffered
+    except BrokenPipeError:
+        # `ocx key list | head`: the reader left. No traceback; later flushes (at exit) go to
+        # /dev/null, and the exit code is the shell's for SIGPIPE, like standard tools.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141
+    return code
+
+
+def _run(argv: list[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["route"]:
         args = args[1:]
+    if args[:1] == ["help"] and len(args) > 1:
+        args = [args[1], "--help"]  # `ocx help combo` = `ocx combo --help`
     if not args or args[0] in ("-h", "--help", "help"):
         print(USAGE, end="")
         return 0
@@ -63,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     except ImproperlyConfigured as exc:
         print(f"ocx: configuration error: {exc}", file=sys.stderr)
         return 2
+    if _wants_help(rest):
+        _print_help(command, rest)
+        return 0
     if command not in ("serve", "doctor"):  # serve migrates itself; doctor only looks
         _ensure_migrated()
     try:
@@ -73,6 +92,44 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+# Django's generic management options mean nothing to an `ocx` user: left out of `--help`.
+_DJANGO_OPTIONS = {
+    "--version",
+    "--verbosity",
+    "--settings",
+    "--pythonpath",
+    "--traceback",
+    "--no-color",
+    "--force-color",
+    "--skip-checks",
+}
+
+
+def _wants_help(rest: list[str]) -> bool:
+    # Any -h/--help before `--`; the commands' own argument parsers run without add_help.
+    options = rest[: rest.index("--")] if "--" in rest else rest
+    return "-h" in options or "--help" in options
+
+
+def _print_help(command: str, rest: list[str]) -> None:
+    """The command's own parser (usage, options, examples epilog) with prog `ocx <cmd>`."""
+    import argparse
+
+    from django.core.management import get_commands, load_command_class
+
+    cmd = load_command_class(get_commands()[command], command)
+    parser = cmd.create_parser("ocx", command)
+    for action in parser._actions:
+        if set(action.option_strings) & _DJANGO_OPTIONS or action.nargs == argparse.REMAINDER:
+            action.help = argparse.SUPPRESS
+        elif isinstance(action, argparse._SubParsersAction) and rest and rest[0] in action.choices:
+            # `ocx user create --help`: the subcommand's own parser.
+            parser = action.choices[rest[0]]
+            parser.prog = f"ocx {command} {rest[0]}"
+            break
+    parser.print_help()
 
 
 def _ensure_migrated() -> None:

@@ -47,6 +47,7 @@ from combos.engine.validate import Resolution, resolve_model
 from combos.selectors import credential_for
 from ocxsite import metrics
 from ocxsite.access import CLIENT_PREFIX, KeyInfo, digest
+from ocxsite.http_errors import HOST_NOT_ALLOWED, HostGate
 from ocxsite.requestlog import RequestEntry
 from ocxsite.runtime import Runtime, get_runtime
 from providers.upstream import Caller, attempt
@@ -191,6 +192,8 @@ async def _sleep_ms(ms: int) -> None:
 class ProxyApp:
     def __init__(self, runtime: Runtime | None = None) -> None:
         self._runtime = runtime
+        # ALLOWED_HOSTS as Django applies it elsewhere, precomputed (a dict lookup per request).
+        self.hosts = HostGate(settings.ALLOWED_HOSTS)
 
     @property
     def runtime(self) -> Runtime:
@@ -275,6 +278,8 @@ class ProxyApp:
         path: str = scope["path"]
         method: str = scope["method"]
         headers = _headers(scope)
+        if not self.hosts.allows(headers.get("host") or _server_name(scope)):
+            raise HTTPFailure(400, "invalid_request_error", "host_not_allowed", HOST_NOT_ALLOWED)
         if path == "/v1/models":
             if method != "GET":
                 raise HTTPFailure(405, "invalid_request_error", "method_not_allowed", "Use GET")
@@ -682,6 +687,12 @@ def _access(
         quota=_QUOTA[gate.verdicts[pair]],
         probe_granted=pair in gate.probes,
     )
+
+
+def _server_name(scope: Scope) -> str | None:
+    # No Host header (HTTP/1.0): Django checks SERVER_NAME, the address the request came in on.
+    server = scope.get("server")
+    return server[0] if server else None
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -6,6 +6,9 @@ from django.urls import path
 from ocxsite import views
 from ocxsite.api import api
 
+# A disallowed Host (and other bad requests) on Django's paths: see ocxsite/http_errors.py.
+handler400 = "ocxsite.http_errors.bad_request"
+
 admin.site.site_header = "ocx administration"
 admin.site.site_title = "ocx"
 

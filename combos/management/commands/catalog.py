@@ -29,6 +29,13 @@ Codex reads the file once at start: restart it after writing.
 class Command(BaseCommand):
     help = "Write or show the Codex model catalog (model_catalog_json)."
 
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        # `ocx catalog --help`: the usage and examples below (ocxsite/cli.py prints them).
+        kwargs.setdefault("usage", USAGE)
+        kwargs.setdefault("epilog", EPILOG)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        return super().create_parser(prog_name, subcommand, **kwargs)
+
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("args", nargs=argparse.REMAINDER)
 

@@ -37,8 +37,40 @@ def _set_parser() -> _Parser:
     return p
 
 
+USAGE = """\
+ocx combo list [--json]
+       ocx combo show ID [--json]
+       ocx combo set ID --targets PROVIDER/MODEL[:WEIGHT],... [--strategy S] [--sticky N]
+                        [--effort E|-] [--alias A|-] [--native-alias] [--display-name D|-]
+                        [--rename-from OLD] [--json]
+       ocx combo remove ID --yes
+       ocx combo mode ID auto|pin PROVIDER/MODEL
+       (create/update = set, delete = remove; the same under `ocx route combo`)
+"""
+EPILOG = """\
+strategies: failover (default), round-robin (--sticky N requests per target), random,
+least-used, reset-window. Efforts: none, minimal, low, medium, high, xhigh; `-` clears a value.
+
+examples:
+  ocx combo set main --targets openai/gpt-5.2,anthropic/claude-sonnet-4-5
+  ocx combo set spread --targets a/m:3,b/m:1 --strategy round-robin --sticky 5
+  ocx combo set main --alias gpt-5.6-team --native-alias --display-name "Team model"
+  ocx combo show main --json
+  ocx combo mode main pin anthropic/claude-sonnet-4-5     # ocx combo mode main auto to undo
+  ocx combo remove old --yes
+Clients use the combo as the model `combo/ID` (or its alias).
+"""
+
+
 class Command(BaseCommand):
     help = "List, show, create/update, remove combos, and set their override mode."
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        # `ocx combo --help`: the usage and examples below (ocxsite/cli.py prints them).
+        kwargs.setdefault("usage", USAGE)
+        kwargs.setdefault("epilog", EPILOG)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        return super().create_parser(prog_name, subcommand, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("args", nargs=argparse.REMAINDER)

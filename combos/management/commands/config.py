@@ -12,9 +12,30 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from combos import selectors, services
 from providers.errors import ConfigError
 
+USAGE = """\
+ocx config load FILE [--replace]
+       ocx config dump
+"""
+EPILOG = """\
+`load` applies the whole document or nothing; --replace also removes providers and combos
+that the file does not name.
+
+examples:
+  ocx config dump > ocx-config.json
+  ocx config load ocx-config.json
+  ocx config load ocx-config.json --replace
+"""
+
 
 class Command(BaseCommand):
     help = "Load (atomically) or dump the configuration document."
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        # `ocx config --help`: the usage and examples below (ocxsite/cli.py prints them).
+        kwargs.setdefault("usage", USAGE)
+        kwargs.setdefault("epilog", EPILOG)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        return super().create_parser(prog_name, subcommand, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("args", nargs=argparse.REMAINDER)

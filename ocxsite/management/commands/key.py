@@ -16,8 +16,30 @@ class _Parser(argparse.ArgumentParser):
         raise CommandError(message)
 
 
+USAGE = """\
+ocx key create --user USER [--name NAME] [--models M1,M2] [--rpm N]
+       ocx key list
+       ocx key revoke ID
+"""
+EPILOG = """\
+examples:
+  ocx key create --user alice --name laptop          # the key is printed once
+  ocx key create --user ci --models combo/main --rpm 60
+  ocx key list
+  ocx key revoke 3
+Codex sends the key as its bearer token: export OCX_API_KEY=ocx_... (env_key in config.toml).
+"""
+
+
 class Command(BaseCommand):
     help = "Create, list and revoke client keys."
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        # `ocx key --help`: the usage and examples below (ocxsite/cli.py prints them).
+        kwargs.setdefault("usage", USAGE)
+        kwargs.setdefault("epilog", EPILOG)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        return super().create_parser(prog_name, subcommand, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("args", nargs=argparse.REMAINDER)

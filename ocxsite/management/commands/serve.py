@@ -86,21 +86,45 @@ def uvicorn_worker(fd: int) -> None:
     uvicorn.Server(config).run(sockets=[sock])
 
 
+EPILOG = """\
+examples:
+  ocx serve --demo                                # a mock upstream, a demo key, a curl to try
+  ocx serve --host 0.0.0.0 --port 8787 --workers 2
+  OCX_ALLOWED_HOSTS=ocx.internal ocx serve --host 0.0.0.0
+  ocx serve --server uvicorn                      # needs: pip install -e '.[uvicorn]'
+See docs/deployment.md for PostgreSQL, Redis and running behind a reverse proxy.
+"""
+
+
 class Command(BaseCommand):
     help = "Apply migrations and serve ocx with Daphne (or uvicorn, see --server)."
 
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        # `ocx serve --help`: the usage and examples below (ocxsite/cli.py prints them).
+        kwargs.setdefault("epilog", EPILOG)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        return super().create_parser(prog_name, subcommand, **kwargs)
+
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=8787)
-        parser.add_argument("--workers", type=int, default=1)
+        parser.add_argument(
+            "--host", default="127.0.0.1", help="bind address (default 127.0.0.1; 0.0.0.0 = all)"
+        )
+        parser.add_argument("--port", type=int, default=8787, help="TCP port (default 8787)")
+        parser.add_argument(
+            "--workers", type=int, default=1, help="worker processes sharing the port (default 1)"
+        )
         parser.add_argument(
             "--server",
             choices=SERVERS,
             default="daphne",
             help="ASGI server of the workers (default daphne; uvicorn needs the 'uvicorn' extra)",
         )
-        parser.add_argument("--demo", action="store_true")
-        parser.add_argument("--no-migrate", action="store_true")
+        parser.add_argument(
+            "--demo", action="store_true", help="also run a mock upstream with a demo combo and key"
+        )
+        parser.add_argument(
+            "--no-migrate", action="store_true", help="do not apply database migrations at start"
+        )
         parser.add_argument("--mock-port", type=int, default=8790, help=argparse.SUPPRESS)
 
     def handle(self, *args: Any, **options: Any) -> None:

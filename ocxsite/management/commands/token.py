@@ -9,9 +9,27 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ocxsite import access
 
+USAGE = """\
+ocx token create --user USER
+"""
+EPILOG = """\
+A management token (ocxm_...) authorises /api/* as that user; the user is made staff.
+
+examples:
+  ocx token create --user alice
+  curl -H "Authorization: Bearer ocxm_..." http://127.0.0.1:8787/api/combos
+"""
+
 
 class Command(BaseCommand):
     help = "Create a management token for a staff user (the user is made staff)."
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        # `ocx token --help`: the usage and examples below (ocxsite/cli.py prints them).
+        kwargs.setdefault("usage", USAGE)
+        kwargs.setdefault("epilog", EPILOG)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        return super().create_parser(prog_name, subcommand, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("args", nargs=argparse.REMAINDER)

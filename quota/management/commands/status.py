@@ -10,9 +10,26 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from combos.status import NO_LIVE_STATE_NOTE, status_report
 
+USAGE = """\
+ocx status [COMBO] [--json]
+"""
+EPILOG = """\
+examples:
+  ocx status
+  ocx status main --json
+Without REDIS_URL live state lives in the server process: ask GET /api/status for its view.
+"""
+
 
 class Command(BaseCommand):
     help = "Show what each combo would do now and why."
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        # `ocx status --help`: the usage and examples below (ocxsite/cli.py prints them).
+        kwargs.setdefault("usage", USAGE)
+        kwargs.setdefault("epilog", EPILOG)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        return super().create_parser(prog_name, subcommand, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("combo", nargs="?", help="one combo id (default: every combo)")
