@@ -213,7 +213,11 @@ class Listener:
         first = True
         while True:
             client = aredis.Redis.from_url(
-                self.url, socket_connect_timeout=2, socket_keepalive=True, health_check_interval=15
+                self.url,
+                socket_connect_timeout=2,
+                socket_keepalive=True,
+                health_check_interval=15,
+                client_name=f"{self.prefix}:config-listener",
             )
             pubsub = client.pubsub(ignore_subscribe_messages=True)
             try:
