@@ -7,13 +7,14 @@ from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as ModelValidationError
-from django.db import DataError
+from django.db import DataError, InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import APIKeyHeader
 
 from ocxsite import access
+from ocxsite.db_unavailable import unavailable_response
 from providers.errors import ConfigError
 
 
@@ -94,6 +95,13 @@ def on_model_validation_error(request: HttpRequest, exc: ModelValidationError) -
     else:
         message = exc.messages[0] if exc.messages else "invalid input"
     return api.create_response(request, error_body(message), status=400)
+
+
+@api.exception_handler(OperationalError)
+@api.exception_handler(InterfaceError)
+def on_database_unavailable(request: HttpRequest, exc: Exception) -> HttpResponse:
+    # The database is down or restarting: a clear 503 (the proxy keeps serving meanwhile).
+    return unavailable_response(exc)
 
 
 @api.exception_handler(DataError)

@@ -1,7 +1,10 @@
 """Bounded background writers: the hot path enqueues, a task writes batches in a thread.
 
 `submit()` never waits; a full queue drops the item and counts it (PRODUCT §9.3), so a slow
-database can never delay a response.
+database can never delay a response. While the database is unreachable (a restart, a network
+cut) a failed batch is kept and retried with a growing pause; the items kept and queued
+together stay within `maxsize`, anything beyond is dropped and counted, and everything kept is
+written once the database answers again.
 """
 
 from __future__ import annotations
@@ -15,12 +18,16 @@ from typing import Generic, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import Error as DbError
-from django.db import connection
+from django.db import InterfaceError, OperationalError, connection
 
 log = logging.getLogger("ocx.background")
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+# The database is unreachable (not a bad row): keep the batch and retry.
+UNREACHABLE = (OperationalError, InterfaceError)
+RETRY_S = (0.5, 10.0)  # first and longest pause between retries of a kept batch
 
 
 async def in_thread(fn: Callable[..., R], *args: object) -> R:
@@ -58,24 +65,39 @@ class BatchWriter(Generic[T]):
         self.batch = batch
         self.flush_s = flush_s
         self.on_drop = on_drop
+        self.maxsize = maxsize
         self.dropped = 0
         self.written = 0
+        self.pending: list[T] = []  # a batch the database refused while unreachable
+        self._pause = 0.0
         self._task: asyncio.Task[None] | None = None
 
     def submit(self, item: T) -> bool:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())
+        if len(self.pending) + self.queue.qsize() >= self.maxsize:
+            self._drop(1)
+            return False
         try:
             self.queue.put_nowait(item)
         except asyncio.QueueFull:
-            self.dropped += 1
-            if self.on_drop is not None:
-                self.on_drop()
+            self._drop(1)
             return False
         return True
 
+    def _drop(self, n: int) -> None:
+        self.dropped += n
+        if self.on_drop is not None:
+            for _ in range(n):
+                self.on_drop()
+
     async def _run(self) -> None:
         while True:
+            if self.pending:
+                await asyncio.sleep(self._pause)
+                batch, self.pending = self.pending, []
+                await self.flush(batch)
+                continue
             batch = [await self.queue.get()]
             deadline = time.monotonic() + self.flush_s
             while len(batch) < self.batch:
@@ -92,12 +114,28 @@ class BatchWriter(Generic[T]):
         try:
             await in_thread(self._write, batch)
             self.written += len(batch)
+        except UNREACHABLE as exc:
+            room = max(0, self.maxsize - self.queue.qsize())
+            self.pending = batch[:room]
+            self._drop(len(batch) - len(self.pending))
+            if not self._pause:
+                log.warning(
+                    "%s: database unreachable (%s); keeping %d item(s) to retry",
+                    self.name,
+                    type(exc).__name__,
+                    len(self.pending),
+                )
+            self._pause = min(max(self._pause * 2, RETRY_S[0]), RETRY_S[1])
+            return
         except Exception:  # noqa: BLE001 - a failed write must never take the proxy down
             log.exception("%s: could not write %d item(s)", self.name, len(batch))
+        if self._pause:
+            log.warning("%s: database reachable again, writing what was kept", self.name)
+            self._pause = 0.0
 
     async def drain(self) -> None:
         """Write everything queued now (tests and shutdown)."""
-        items: list[T] = []
+        items, self.pending = self.pending, []
         while not self.queue.empty():
             items.append(self.queue.get_nowait())
         if items:

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 import httpx
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.db import InterfaceError as DbInterfaceError
+from django.db import OperationalError as DbOperationalError
 
 from combos import selectors
 from combos.engine.state import MemoryStateStore, StateStore
@@ -201,17 +203,31 @@ class Runtime:
 
     async def _poll_forever(self) -> None:
         interval = settings.OCX_CONFIG_POLL_MS / 1000
+        failing = False
         while True:
             await asyncio.sleep(interval)
             try:
                 # Bounded: a stuck database call must not freeze the worker's view for good.
                 async with asyncio.timeout(max(5.0, 10 * interval)):
                     await self.refresh()
+            except (DbOperationalError, DbInterfaceError) as exc:
+                # The database is down or restarting: said once, not every poll interval.
+                if not failing:
+                    log.warning(
+                        "database unreachable (%s): serving config version %s until it is back",
+                        type(exc).__name__,
+                        self.snapshot and self.snapshot.version,
+                    )
+                failing = True
             except Exception:  # noqa: BLE001 - a failed poll keeps the last good snapshot
                 log.exception(
                     "config poll failed; keeping version %s",
                     self.snapshot and self.snapshot.version,
                 )
+            else:
+                if failing:
+                    log.warning("database reachable again: config polling resumed")
+                failing = False
 
     def client(self, provider: ProviderSpec) -> httpx.AsyncClient:
         pool = self.clients.get(provider.name)

@@ -203,8 +203,10 @@ def start_server(
     workers: int = 1,
     extra_env: dict[str, str] | None = None,
     server_args: list[str] | None = None,
+    database_url: str | None = None,
 ) -> tuple[Server, callable]:  # type: ignore[valid-type]
-    db_url, drop = _server_database()
+    # `database_url`: a database the test runs itself (tests/ocxsite/deps.py PgCluster).
+    db_url, drop = (database_url, lambda: None) if database_url else _server_database()
     env = {
         **os.environ,
         "OCX_DATA_DIR": str(tmp),
