@@ -1,22 +1,75 @@
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from ocxsite import access
-from ocxsite.models import ClientKey, ManagementToken, RequestLog
+from ocxsite import access, key_services
+from ocxsite.budgets import stored_budgets
+from ocxsite.models import BudgetEvent, ClientKey, ManagementToken, RequestLog, UserBudget
+
+BUDGETS_HELP = (
+    'A list of budgets: {"tokens": 100000, "period": "day"} (day, week or month, in '
+    'OCX_TIME_ZONE) and/or {"windowPercent": 30, "provider": "NAME"} (at most 30 points of each '
+    "quota window of that provider). [] for none."
+)
+
+
+class BudgetsForm(forms.ModelForm):  # type: ignore[type-arg]
+    """Stores budgets in their canonical form (one object is taken as a list of one)."""
+
+    def clean_budgets(self) -> object:
+        try:
+            return key_services.budgets_value(self.cleaned_data.get("budgets") or None)
+        except ValidationError as exc:
+            raise forms.ValidationError(exc.messages) from None
+
+
+class ClientKeyForm(BudgetsForm):
+    def clean_allowed_models(self) -> object:
+        models = self.cleaned_data.get("allowed_models") or []
+        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+            raise forms.ValidationError('a list of model names, e.g. ["combo/main"]')
+        problem = key_services.allowed_models_problem(models)
+        if problem is not None:
+            raise forms.ValidationError(problem)
+        return sorted(set(models))
+
+
+def _budgets_text(obj: ClientKey | UserBudget) -> str:
+    return ", ".join(b.describe() for b in stored_budgets(obj.budgets)) or "-"
 
 
 @admin.register(ClientKey)
 class ClientKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ("prefix", "user", "name", "rpm_limit", "created", "revoked")
+    form = ClientKeyForm
+    list_display = ("prefix", "user", "name", "rpm_limit", "budget_list", "created", "revoked")
     list_filter = ("revoked",)
     search_fields = ("prefix", "user__username", "name")
     readonly_fields = ("prefix", "digest", "created", "revoked")
-    fields = ("user", "name", "allowed_models", "rpm_limit", "prefix", "created", "revoked")
+    fields = (
+        "user",
+        "name",
+        "allowed_models",
+        "rpm_limit",
+        "budgets",
+        "prefix",
+        "created",
+        "revoked",
+    )
     actions = ["revoke"]
+
+    def get_form(self, request: HttpRequest, obj: object = None, **kwargs: object) -> type:
+        form = super().get_form(request, obj, **kwargs)  # type: ignore[arg-type]
+        form.base_fields["budgets"].help_text = BUDGETS_HELP
+        return form
+
+    @admin.display(description="budgets")
+    def budget_list(self, obj: ClientKey) -> str:
+        return _budgets_text(obj)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         # Keys are created with `ocx key create` or POST /api/keys, which show the secret once.
@@ -26,6 +79,41 @@ class ClientKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def revoke(self, request: HttpRequest, queryset: QuerySet[ClientKey]) -> None:
         count = access.client_keys_revoke(keys=queryset)
         self.message_user(request, f"Revoked {count} key(s).", messages.SUCCESS)
+
+
+@admin.register(UserBudget)
+class UserBudgetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """A user's budgets, shared by all their keys."""
+
+    form = BudgetsForm
+    list_display = ("user", "budget_list", "updated")
+    search_fields = ("user__username",)
+    fields = ("user", "budgets")
+    raw_id_fields = ("user",)
+
+    def get_form(self, request: HttpRequest, obj: object = None, **kwargs: object) -> type:
+        form = super().get_form(request, obj, **kwargs)  # type: ignore[arg-type]
+        form.base_fields["budgets"].help_text = BUDGETS_HELP
+        return form
+
+    @admin.display(description="budgets")
+    def budget_list(self, obj: UserBudget) -> str:
+        return _budgets_text(obj)
+
+
+@admin.register(BudgetEvent)
+class BudgetEventAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Budgets crossing 80 % and 100 % (also on /ws/events and in the log)."""
+
+    list_display = ("at", "percent", "owner", "message")
+    list_filter = ("percent", "scope")
+    search_fields = ("owner", "message")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
 
 
 @admin.register(ManagementToken)

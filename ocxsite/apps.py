@@ -18,10 +18,10 @@ class OcxsiteConfig(AppConfig):
         from ocxsite import live as live_loader
         from ocxsite.access import keys_changed
         from ocxsite.confignotify import on_versions_committed
-        from ocxsite.models import ClientKey
+        from ocxsite.models import ClientKey, UserBudget
         from providers.services import versions_committed
 
-        for model in (ClientKey, settings.AUTH_USER_MODEL):
+        for model in (ClientKey, UserBudget, settings.AUTH_USER_MODEL):
             post_save.connect(keys_changed, sender=model, dispatch_uid=f"keys-save-{model}")
             post_delete.connect(keys_changed, sender=model, dispatch_uid=f"keys-del-{model}")
         # A committed write is served at once: this process reloads, the other workers are told.

@@ -47,6 +47,7 @@ from combos.engine.validate import Resolution, resolve_model
 from combos.selectors import credential_for
 from ocxsite import metrics
 from ocxsite.access import CLIENT_PREFIX, KeyInfo, digest
+from ocxsite.budget_gate import Refusal
 from ocxsite.http_errors import HOST_NOT_ALLOWED, HostGate
 from ocxsite.requestlog import RequestEntry
 from ocxsite.runtime import Runtime, get_runtime
@@ -126,6 +127,10 @@ class Exchange:
         self.logged = False
         self.entry = RequestEntry(request_id=request_id, at=time.time())
         self._held: list[bytes] | None = None
+        # Budgets (PRODUCT §9.5): the admitted key, and the credential and headers of the
+        # answer that was served (its quota windows count against window budgets).
+        self.key: KeyInfo | None = None
+        self.served_quota: tuple[tuple[str, str], Mapping[str, str]] | None = None
 
     def base_headers(self) -> list[tuple[bytes, bytes]]:
         headers = [(b"x-ocx-request-id", self.request_id.encode())]
@@ -235,6 +240,8 @@ class ProxyApp:
                     )
                 )
         finally:
+            if exchange.key is not None:
+                await self._charge(exchange)
             if exchange.started:
                 try:
                     await exchange.finish()
@@ -300,16 +307,9 @@ class ProxyApp:
         key = self._authenticate(headers)
         entry = exchange.entry
         entry.key_prefix, entry.user, entry.key_id = key.prefix, key.user, key.id
-        if key.rpm_limit is not None:
-            wait = await self.runtime.limiter.hit(key.id, key.rpm_limit, _now_ms())
-            if wait is not None:
-                raise HTTPFailure(
-                    429,
-                    "rate_limit_error",
-                    "client_rate_limited",
-                    f"This key is limited to {key.rpm_limit} requests per minute",
-                    [(b"retry-after", str(wait).encode())],
-                )
+        if key.rpm_limit is not None or key.budgets:
+            await self._admit(key, exchange)
+        exchange.key = key
         body = await _read_body(receive, settings.OCX_PROXY_MAX_BODY)
         request = _parse_json(body)
         model = request.get("model")
@@ -344,6 +344,54 @@ class ProxyApp:
             raise
         finally:
             watcher.cancel()
+
+    async def _admit(self, key: KeyInfo, exchange: Exchange) -> None:
+        """The key's rpm limit and budgets (PRODUCT §9.1, §9.5): each one shared-counter read,
+        concurrent when a key has both. A budget admitted here is charged at request end."""
+        runtime, now = self.runtime, _now_ms()
+        wait: int | None = None
+        refusal: Refusal | None = None
+        if key.rpm_limit is not None and key.budgets:
+            wait, refusal = await asyncio.gather(
+                runtime.limiter.hit(key.id, key.rpm_limit, now),
+                runtime.budgets.admit(key.budgets, now),
+            )
+        elif key.rpm_limit is not None:
+            wait = await runtime.limiter.hit(key.id, key.rpm_limit, now)
+        else:
+            refusal = await runtime.budgets.admit(key.budgets, now)
+        if wait is not None:
+            raise HTTPFailure(
+                429,
+                "rate_limit_error",
+                "client_rate_limited",
+                f"This key is limited to {key.rpm_limit} requests per minute",
+                [(b"retry-after", str(wait).encode())],
+            )
+        if refusal is not None:
+            raise HTTPFailure(
+                429, "rate_limit_error", "budget_exceeded", refusal.message(), refusal.headers(now)
+            )
+
+    async def _charge(self, exchange: Exchange) -> None:
+        """Count a finished request against the budgets (before its last byte is sent, so the
+        client's next request already sees it). Never fails the request."""
+        runtime, key = self.runtime, exchange.key
+        if key is None:
+            return
+        served = exchange.served_quota
+        providers = runtime.budgets.window_providers(runtime.keys) if served else frozenset()
+        if not key.budgets and (served is None or served[0][0] not in providers):
+            return
+        entry = exchange.entry
+        known = entry.input_tokens is not None or entry.output_tokens is not None
+        tokens = (entry.input_tokens or 0) + (entry.output_tokens or 0) if known else None
+        try:
+            await runtime.budgets.charge(
+                key.budgets, tokens=tokens, served=served, now_ms=_now_ms(), providers=providers
+            )
+        except Exception:  # noqa: BLE001 - the answer is complete; only the count is lost
+            log.exception("could not count request %s against its budgets", exchange.request_id)
 
     def _authenticate(self, headers: Mapping[str, str]) -> KeyInfo:
         token = headers.get("x-ocx-key", "")
@@ -468,12 +516,12 @@ class ProxyApp:
             if outcome.committed:
                 exchange.upstream_done = True
                 metrics.UPSTREAM_LATENCY.labels(provider.name).observe(elapsed)
-            if outcome.malformed:
-                metrics.MALFORMED_FRAMES.labels(provider.name).inc(outcome.malformed)
             pair = pairs.get(target.key)
             if pair is not None:
                 used.add(pair)
                 limited = await _ingest_quota(runtime, pair, seen.get("headers") or {}, outcome)
+                if outcome.committed:
+                    exchange.served_quota = (pair, seen.get("headers") or {})
                 if limited and provider.adapter == "chatgpt":
                     # This caller's account is out of quota; other accounts may still use
                     # the target, so the quota state (per credential) handles it alone.
@@ -517,7 +565,6 @@ class ProxyApp:
                         if outcome.failure is None
                         else outcome.failure.status,
                         "outcome": "served" if outcome.committed else "failed",
-                        **({"malformedFrames": outcome.malformed} if outcome.malformed else {}),
                     }
                 )
                 if outcome.committed:
@@ -624,7 +671,6 @@ def _record_route(entry: RequestEntry, result: RouteResult) -> None:
             "reason": r.reason,
             "cooledUntil": r.cooled_until,
             "ms": r.ms,
-            **({"malformedFrames": r.malformed} if r.malformed else {}),
         }
         for r in result.attempts
     ]

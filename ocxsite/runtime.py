@@ -30,7 +30,7 @@ from django.db import OperationalError as DbOperationalError
 from combos import selectors
 from combos.engine.state import MemoryStateStore, StateStore
 from combos.engine.types import ConfigSnapshot, ProviderSpec
-from ocxsite import access, confignotify, metrics, requestlog
+from ocxsite import access, budget_events, confignotify, metrics, requestlog
 from ocxsite.access import KeyInfo
 from ocxsite.background import BatchWriter, in_thread
 from ocxsite.events import EVENTS_GROUP
@@ -101,6 +101,8 @@ class Runtime:
             # While Redis is out each worker allows its share: `limit / workers`.
             workers = int(os.environ.get("OCX_WORKER_COUNT") or 1)
             self.limiter = GuardedLimiter(RedisLimiter(url, prefix), self.redis, workers)
+        # Budgets per key and user (PRODUCT §9.5): counters in Redis when set.
+        self.budgets = budget_events.new_gate(self.emit, lambda: int(time.time() * 1000))
         self._started: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         # The event loop serving requests (set by `ready()`): a write made in another thread of

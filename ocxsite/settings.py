@@ -94,6 +94,20 @@ def _database(data_dir: Path) -> dict[str, object]:
     return config
 
 
+def _time_zone() -> str:
+    # Budgets' calendar days, weeks and months (PRODUCT §9.5) are counted in this zone.
+    name = os.environ.get("OCX_TIME_ZONE") or "UTC"
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ImproperlyConfigured(
+            f"OCX_TIME_ZONE must be an IANA time zone such as UTC or Europe/Berlin, got {name!r}"
+        ) from None
+    return name
+
+
 def _redis_url() -> str | None:
     url = os.environ.get("REDIS_URL") or None
     if url is not None and urlsplit(url).scheme not in ("redis", "rediss", "unix"):
@@ -123,6 +137,7 @@ OCX_REQUEST_LOG_RETENTION_DAYS = env_int("OCX_REQUEST_LOG_RETENTION_DAYS", 14, m
 OCX_USAGE = env_bool("OCX_USAGE", True)
 OCX_USAGE_RETENTION_DAYS = env_int("OCX_USAGE_RETENTION_DAYS", 90, minimum=1)
 OCX_LOG_JSON = env_bool("OCX_LOG_JSON", False)
+OCX_TIME_ZONE = _time_zone()
 
 INSTALLED_APPS = [
     "daphne",

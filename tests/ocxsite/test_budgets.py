@@ -1,0 +1,279 @@
+"""Budgets (PRODUCT §9.5): validation, calendar periods, the CLI syntax, and the gate's
+admission/charging logic on the in-memory counter store (time injected)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from ocxsite.budget_gate import BudgetGate
+from ocxsite.budget_store import MemoryBudgetStore, RedisBudgetStore
+from ocxsite.budgets import (
+    BudgetError,
+    ScopedBudget,
+    TokenBudget,
+    WindowBudget,
+    budgets_json,
+    parse_budgets,
+    parse_cli_budget,
+    period_bounds,
+)
+
+UTC = ZoneInfo("UTC")
+
+
+def ms(text: str) -> int:
+    return int(dt.datetime.fromisoformat(text).timestamp() * 1000)
+
+
+# --- validation -------------------------------------------------------------------------------
+
+
+def test_one_object_or_a_list_in_canonical_form() -> None:
+    assert parse_budgets({"tokens": 1000, "period": "day"}) == (TokenBudget(1000, "day"),)
+    both = parse_budgets(
+        [{"tokens": 5, "period": "month"}, {"windowPercent": 30, "provider": "cx"}],
+        providers={"cx"},
+    )
+    assert both == (TokenBudget(5, "month"), WindowBudget(30.0, "cx"))
+    assert budgets_json(both) == [
+        {"tokens": 5, "period": "month"},
+        {"windowPercent": 30, "provider": "cx"},
+    ]
+    assert budgets_json(parse_budgets({"windowPercent": 12.5, "provider": "cx"})) == [
+        {"windowPercent": 12.5, "provider": "cx"}
+    ]
+    assert parse_budgets(None) == () and parse_budgets([]) == ()
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"tokens": 0, "period": "day"}, "budget.tokens must be from 1 to"),
+        ({"tokens": 10**16, "period": "day"}, "budget.tokens must be from 1 to"),
+        ({"tokens": "5", "period": "day"}, "budget.tokens must be an integer"),
+        ({"tokens": True, "period": "day"}, "budget.tokens must be an integer"),
+        ({"tokens": 1.5, "period": "day"}, "budget.tokens must be an integer"),
+        ({"tokens": 5, "period": "year"}, "budget.period must be one of day, week, month"),
+        ({"tokens": 5}, "budget.period must be one of day, week, month"),
+        ({"tokens": 5, "period": "day", "x": 1}, "unexpected field x in a token budget"),
+        ({"windowPercent": 0, "provider": "cx"}, "windowPercent must be more than 0"),
+        ({"windowPercent": 101, "provider": "cx"}, "windowPercent must be more than 0"),
+        ({"windowPercent": "30", "provider": "cx"}, "windowPercent must be a number"),
+        ({"windowPercent": 30, "provider": ""}, "budget.provider must be a provider name"),
+        ({"windowPercent": 30}, "budget.provider must be a provider name"),
+        ({"windowPercent": 30, "provider": "nope"}, "budget.provider: unknown provider nope"),
+        ({"windowPercent": 30, "provider": "cx", "tokens": 1}, "field provider in a token budget"),
+        ({}, "budget must be"),
+        ("5/day", "budget must be an object"),
+        (
+            [{"tokens": 5, "period": "day"}, {"tokens": 6, "period": "week"}],
+            "at most one token budget",
+        ),
+        (
+            [{"windowPercent": 5, "provider": "cx"}, {"windowPercent": 6, "provider": "cx"}],
+            "at most one window budget for provider cx",
+        ),
+        ([{"tokens": 5, "period": "day"}, 7], "budgets[1] must be an object"),
+    ],
+)
+def test_invalid_budgets_are_refused_naming_the_part(value: Any, message: str) -> None:
+    with pytest.raises(BudgetError) as info:
+        parse_budgets(value, providers={"cx"})
+    assert message in str(info.value)
+
+
+def test_cli_syntax() -> None:
+    assert parse_cli_budget("tokens=100000/day") == {"tokens": 100000, "period": "day"}
+    assert parse_cli_budget("tokens=100k/week") == {"tokens": 100_000, "period": "week"}
+    assert parse_cli_budget("tokens=2M/month") == {"tokens": 2_000_000, "period": "month"}
+    assert parse_cli_budget("window=30%/chatgpt") == {"windowPercent": 30, "provider": "chatgpt"}
+    assert parse_cli_budget("window=12.5/cx") == {"windowPercent": 12.5, "provider": "cx"}
+    for bad in ("tokens=5/year", "tokens=-5/day", "100k/day", "window=30%", "tokens=5"):
+        with pytest.raises(BudgetError, match="use tokens=N/day"):
+            parse_cli_budget(bad)
+
+
+# --- calendar periods ---------------------------------------------------------------------------
+
+
+def test_periods_in_utc() -> None:
+    now = ms("2026-12-03T15:04:05+00:00")  # a Thursday
+    assert period_bounds("day", now, UTC) == (
+        "2026-12-03",
+        ms("2026-12-03T00:00:00+00:00"),
+        ms("2026-12-04T00:00:00+00:00"),
+    )
+    assert period_bounds("week", now, UTC) == (
+        "2026-11-30",
+        ms("2026-11-30T00:00:00+00:00"),
+        ms("2026-12-07T00:00:00+00:00"),
+    )
+    assert period_bounds("month", now, UTC) == (
+        "2026-12-01",
+        ms("2026-12-01T00:00:00+00:00"),
+        ms("2027-01-01T00:00:00+00:00"),
+    )
+
+
+def test_periods_follow_the_configured_zone_and_dst() -> None:
+    berlin = ZoneInfo("Europe/Berlin")
+    # 23:30 UTC on 3 Dec is already 4 Dec in Berlin.
+    label, start, end = period_bounds("day", ms("2026-12-03T23:30:00+00:00"), berlin)
+    assert label == "2026-12-04"
+    assert start == ms("2026-12-04T00:00:00+01:00") and end == ms("2026-12-05T00:00:00+01:00")
+    # The day summer time ends is 25 hours long.
+    _, start, end = period_bounds("day", ms("2026-10-25T12:00:00+01:00"), berlin)
+    assert end - start == 25 * 3600 * 1000
+
+
+# --- the gate -----------------------------------------------------------------------------------
+
+
+KEY_TOKENS = ScopedBudget("key", "k1", "key ocx_abc… of dev", TokenBudget(1000, "day"))
+USER_WINDOW = ScopedBudget("user", "u1", "user dev", WindowBudget(30.0, "cx"))
+PAIR = ("cx", "fp1")
+RESET = ms("2026-12-03T18:00:00+00:00")
+
+
+def codex(used: float, reset_ms: int = RESET) -> dict[str, str]:
+    return {
+        "x-codex-primary-used-percent": str(used),
+        "x-codex-primary-window-minutes": "300",
+        "x-codex-primary-reset-at": str(reset_ms // 1000),
+    }
+
+
+@pytest.fixture
+def events() -> list[dict[str, object]]:
+    return []
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def gate(
+    request: pytest.FixtureRequest, events: list[dict[str, object]]
+) -> AsyncIterator[BudgetGate]:
+    # The same behaviour from both stores: the Redis one runs the Lua script (CI's second pass).
+    if request.param == "memory":
+        yield BudgetGate(MemoryBudgetStore(), prefix="t", on_event=events.append)
+        return
+    url = os.environ.get("REDIS_URL")
+    if not url:
+        pytest.skip("REDIS_URL not set")
+    store = RedisBudgetStore(url)
+    yield BudgetGate(store, prefix=f"t-{uuid.uuid4().hex[:8]}", on_event=events.append)
+    await store.redis.aclose()
+
+
+async def test_token_budget_admits_until_used_up_then_refuses_until_the_period_ends(
+    gate: BudgetGate, events: list[dict[str, object]]
+) -> None:
+    now = ms("2026-12-03T15:00:00+00:00")
+    budgets = (KEY_TOKENS,)
+    assert await gate.admit(budgets, now) is None
+    await gate.charge(budgets, tokens=700, served=None, now_ms=now)
+    assert await gate.admit(budgets, now) is None
+    assert events == []
+    await gate.charge(budgets, tokens=200, served=None, now_ms=now)  # 900: past 80 %
+    assert [e["percent"] for e in events] == [80]
+    assert await gate.admit(budgets, now) is None  # 900 < 1000: still admitted
+    await gate.charge(budgets, tokens=150, served=None, now_ms=now)  # 1050: past 100 %
+    assert [e["percent"] for e in events] == [80, 100]
+    assert events[1]["message"] == (
+        "key ocx_abc… of dev has used 100% of its budget of 1000 tokens per day (1050 of 1000);"
+        " it resets at 2026-12-04T00:00:00+00:00"
+    )
+    refusal = await gate.admit(budgets, now)
+    assert refusal is not None
+    assert refusal.message() == (
+        "Budget exceeded: key ocx_abc… of dev may use 1000 tokens per day and has used"
+        " 1050 tokens; it resets at 2026-12-04T00:00:00+00:00"
+    )
+    midnight = ms("2026-12-04T00:00:00+00:00")
+    assert refusal.headers(now) == [
+        (b"x-ocx-budget-limit", b"1000"),
+        (b"x-ocx-budget-remaining", b"0"),
+        (b"x-ocx-budget-reset", str(midnight // 1000).encode()),
+        (b"retry-after", str((midnight - now) // 1000).encode()),
+    ]
+    # More usage in the same period crosses nothing again; the next day starts from zero.
+    await gate.charge(budgets, tokens=500, served=None, now_ms=now)
+    assert len(events) == 2
+    assert await gate.admit(budgets, midnight) is None
+    # Unknown usage (no tokens reported) counts nothing.
+    await gate.charge(budgets, tokens=None, served=None, now_ms=midnight)
+    assert await gate.admit(budgets, midnight) is None
+
+
+async def test_window_budget_counts_each_rise_against_the_request_that_reported_it(
+    gate: BudgetGate, events: list[dict[str, object]]
+) -> None:
+    now = ms("2026-12-03T15:00:00+00:00")
+    mine = (USER_WINDOW,)
+    providers = frozenset({"cx"})
+    # The first answer seen only sets the baseline (10 %): nothing is attributed.
+    await gate.charge(mine, tokens=None, served=(PAIR, codex(10)), now_ms=now)
+    assert await gate.admit(mine, now) is None
+    # Someone without a budget raises it to 25: not this user's points.
+    await gate.charge((), tokens=None, served=(PAIR, codex(25)), now_ms=now, providers=providers)
+    # This user's answers: 25 → 45 (20 points), 45 → 52 (7 points, 27 in all: past 80 %).
+    await gate.charge(mine, tokens=None, served=(PAIR, codex(45)), now_ms=now)
+    await gate.charge(mine, tokens=None, served=(PAIR, codex(52)), now_ms=now)
+    assert [e["percent"] for e in events] == [80]
+    assert events[0]["window"] == "five_hour"
+    assert await gate.admit(mine, now) is None
+    # 52 → 55: 30 points, used up.
+    await gate.charge(mine, tokens=None, served=(PAIR, codex(55)), now_ms=now)
+    assert [e["percent"] for e in events] == [80, 100]
+    refusal = await gate.admit(mine, now)
+    assert refusal is not None
+    assert refusal.message() == (
+        "Budget exceeded: user dev may use 30% of each cx quota window and has used 30 points"
+        " of the five_hour window; it resets at 2026-12-03T18:00:00+00:00"
+    )
+    assert refusal.headers(now)[:3] == [
+        (b"x-ocx-budget-limit", b"30"),
+        (b"x-ocx-budget-remaining", b"0"),
+        (b"x-ocx-budget-reset", str(RESET // 1000).encode()),
+    ]
+    # Once the window has reset the budget admits again; the next window starts from zero and
+    # its first answer's whole used-percent is the rise since the reset.
+    later = RESET + 1000
+    assert await gate.admit(mine, later) is None
+    next_reset = RESET + 5 * 3600 * 1000
+    await gate.charge(mine, tokens=None, served=(PAIR, codex(4, next_reset)), now_ms=later)
+    assert await gate.admit(mine, later) is None
+    # A late answer from the old window changes nothing.
+    await gate.charge(mine, tokens=None, served=(PAIR, codex(99)), now_ms=later)
+    assert await gate.admit(mine, later) is None
+
+
+async def test_window_rises_of_other_providers_or_unbudgeted_requests_are_skipped(
+    gate: BudgetGate,
+) -> None:
+    now = ms("2026-12-03T15:00:00+00:00")
+    mine = (USER_WINDOW,)
+    await gate.charge(mine, tokens=None, served=(PAIR, codex(10)), now_ms=now)
+    # Another provider's windows never count against a cx budget.
+    await gate.charge(mine, tokens=None, served=(("other", "fp2"), codex(90)), now_ms=now)
+    assert await gate.admit(mine, now) is None
+    # An unbudgeted request to a provider no budget names is not even looked at.
+    await gate.charge((), tokens=None, served=(PAIR, codex(80)), now_ms=now)
+    await gate.charge(mine, tokens=None, served=(PAIR, codex(20)), now_ms=now)
+    assert await gate.admit(mine, now) is None  # 10 points
+
+
+async def test_refusal_names_the_budget_that_resets_last(gate: BudgetGate) -> None:
+    now = ms("2026-12-03T15:00:00+00:00")
+    week = ScopedBudget("user", "u1", "user dev", TokenBudget(10, "week"))
+    day = ScopedBudget("key", "k1", "key ocx_abc… of dev", TokenBudget(10, "day"))
+    await gate.charge((day, week), tokens=10, served=None, now_ms=now)
+    refusal = await gate.admit((day, week), now)
+    assert refusal is not None and refusal.budget == week
+    assert refusal.reset_ms == ms("2026-12-07T00:00:00+00:00")
