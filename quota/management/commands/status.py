@@ -53,7 +53,12 @@ class Command(BaseCommand):
                 who = "" if credential == "default" else f" for credential {credential}"
                 wait = combo["waitFor"].get(credential)
                 after = f" (after waiting {wait['ms']} ms for {wait['target']})" if wait else ""
-                self.stdout.write(f"  next request{who} → {target or 'nothing available'}{after}")
+                if report["liveState"] == "none":
+                    # No live state: the first choice by configuration alone, not a prediction.
+                    self.stdout.write(f"  configured first choice{who} → {target or 'none'}")
+                else:
+                    nxt = target or "nothing available"
+                    self.stdout.write(f"  next request{who} → {nxt}{after}")
             for t in combo["targets"]:
                 why = f" ({t['reason']})" if t.get("reason") else ""
                 detail = f" — {t['detail']}" if t.get("detail") else ""
