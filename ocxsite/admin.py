@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
@@ -62,8 +64,10 @@ class ClientKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     )
     actions = ["revoke"]
 
-    def get_form(self, request: HttpRequest, obj: object = None, **kwargs: object) -> type:
-        form = super().get_form(request, obj, **kwargs)  # type: ignore[arg-type]
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> type[forms.ModelForm[Any]]:
+        form = super().get_form(request, obj, change, **kwargs)
         form.base_fields["budgets"].help_text = BUDGETS_HELP
         return form
 
@@ -91,8 +95,10 @@ class UserBudgetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     fields = ("user", "budgets")
     raw_id_fields = ("user",)
 
-    def get_form(self, request: HttpRequest, obj: object = None, **kwargs: object) -> type:
-        form = super().get_form(request, obj, **kwargs)  # type: ignore[arg-type]
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> type[forms.ModelForm[Any]]:
+        form = super().get_form(request, obj, change, **kwargs)
         form.base_fields["budgets"].help_text = BUDGETS_HELP
         return form
 

@@ -201,9 +201,12 @@ class BudgetGate:
             )
             if rise <= 0:
                 continue
-            for sb, new in zip(scoped, points, strict=True):
+            for sb, points_after in zip(scoped, points, strict=True):
                 assert isinstance(sb.budget, WindowBudget)
-                self._crossed(sb, new - rise, new, sb.budget.percent, window.resets_at_ms, name)
+                before = points_after - rise
+                self._crossed(
+                    sb, before, points_after, sb.budget.percent, window.resets_at_ms, name
+                )
 
     def _crossed(
         self,

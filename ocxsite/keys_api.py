@@ -11,6 +11,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, Router, Schema
 from ninja.errors import HttpError
+from pydantic.config import JsonDict
 
 from ocxsite import access, key_services
 from ocxsite.budgets import stored_budgets
@@ -19,7 +20,7 @@ from ocxsite.models import ClientKey
 router = Router(tags=["keys"])
 USER_MAX = 150  # django.contrib.auth's username length
 RPM_MAX = 2_147_483_647  # PositiveIntegerField on every supported database
-_DEPRECATED = {"deprecated": True}
+_DEPRECATED: JsonDict = {"deprecated": True}
 
 
 class KeyIn(Schema):

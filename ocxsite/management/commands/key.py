@@ -91,10 +91,10 @@ class Command(BaseCommand):
         elif sub == "list":
             for k in ClientKey.objects.select_related("user"):
                 state = f"revoked {k.revoked:%Y-%m-%d %H:%M}" if k.revoked else "active"
-                budgets = ", ".join(b.describe() for b in stored_budgets(k.budgets))
+                shown = ", ".join(b.describe() for b in stored_budgets(k.budgets))
                 self.stdout.write(
                     f"{k.pk}  {k.prefix}…  {k.user.get_username()}  {k.name}  {state}"
-                    + (f"  budgets: {budgets}" if budgets else "")
+                    + (f"  budgets: {shown}" if shown else "")
                 )
         elif sub == "set":
             self._set(rest)
