@@ -64,7 +64,9 @@ def _reasons(snapshot: LiveSnapshot) -> Mapping[str, Mapping[str, str]]:
         combo_id, rows = attempts
         for row in rows or ():
             key = row.get("target") if isinstance(row, dict) else None
-            until = wanted.get((combo_id, key)) if key else None
+            if not isinstance(key, str):
+                continue
+            until = wanted.get((combo_id, key))
             if until is not None and row.get("cooledUntil") == until and row.get("reason"):
                 out.setdefault(combo_id, {}).setdefault(key, str(row["reason"]))
     return MappingProxyType(out)
