@@ -41,7 +41,8 @@ class UserRow:
 
 
 def user_create(*, username: str, password: str | None, is_staff: bool = False) -> AbstractBaseUser:
-    """Create a user; `password` None = no login (a key-only user). Staff may use /admin/.
+    """Create a user; `password` None = no login (a key-only user). Staff users administer
+    ocx: the whole admin at /admin/ and the management API.
 
     Raises ValidationError (an existing name, an empty name, a password the validators refuse).
     """
@@ -50,7 +51,9 @@ def user_create(*, username: str, password: str | None, is_staff: bool = False) 
     with transaction.atomic():
         if user_model.objects.filter(username=username).exists():
             raise ValidationError(f"user {username} already exists")
-        user = user_model(username=username, is_staff=is_staff)
+        # A staff user here is the team's ocx administrator: every admin page, not only the
+        # models someone granted it (Django's plain is_staff shows an empty admin).
+        user = user_model(username=username, is_staff=is_staff, is_superuser=is_staff)
         if password is None:
             if is_staff:
                 raise ValidationError("a staff user needs a password to log in to /admin/")

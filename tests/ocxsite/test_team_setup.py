@@ -54,6 +54,7 @@ def test_user_create_staff_from_stdin_can_log_in(
     client = Client()
     assert client.login(username="alice", password=PASSWORD)
     assert client.get("/admin/").status_code == 200
+    assert client.get("/admin/providers/provider/").status_code == 200  # not an empty admin
 
 
 def test_user_create_prompts_twice(

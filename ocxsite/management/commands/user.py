@@ -36,7 +36,9 @@ class Command(BaseCommand):
         subs = parser.add_subparsers(dest="sub", metavar="create|list|deactivate")
         create = subs.add_parser("create", help="create a user (prompts for a password)")
         create.add_argument("name")
-        create.add_argument("--staff", action="store_true", help="may log in to /admin/")
+        create.add_argument(
+            "--staff", action="store_true", help="an administrator: /admin/ and the management API"
+        )
         how = create.add_mutually_exclusive_group()
         how.add_argument(
             "--password-stdin", action="store_true", help="read the password from stdin"
