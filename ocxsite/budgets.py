@@ -9,8 +9,7 @@ Two kinds, any mix in one list (at most one token budget, one window budget per 
   reported used-percent against the request whose answer reported it.
 
 `parse_budgets` is the one validator (admin, API, CLI); `parse_cli_budget` reads the CLI's
-`tokens=100k/day` / `window=30%/chatgpt`. No I/O here except the provider check of
-`validate_budgets`.
+`tokens=100k/day` / `window=30%/chatgpt`. No I/O here.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 from zoneinfo import ZoneInfo
 
-from django.core.exceptions import ObjectDoesNotExist
+from django.core.exceptions import ObjectDoesNotExist, ValidationError
 
 Period = Literal["day", "week", "month"]
 PERIODS: tuple[Period, ...] = ("day", "week", "month")
@@ -151,14 +150,12 @@ def stored_budgets(value: object) -> tuple[Budget, ...]:
 
 
 def validate_budgets(value: object) -> None:
-    """Model-field validator (ClientKey.budgets, UserBudget.budgets): runs in `full_clean`, so
-    the admin, the API and the CLI refuse the same things."""
-    from django.core.exceptions import ValidationError
-
-    from providers.models import Provider
-
+    """Model-field validator (ClientKey.budgets, UserBudget.budgets), run by `full_clean`: the
+    shape only. Whether a window budget's provider exists is checked when budgets are written
+    (`key_services.budgets_value`), so a key whose provider was removed later can still be
+    renamed or have its rpm limit changed."""
     try:
-        parse_budgets(value, providers=set(Provider.objects.values_list("name", flat=True)))
+        parse_budgets(value)
     except BudgetError as exc:
         raise ValidationError(str(exc)) from None
 

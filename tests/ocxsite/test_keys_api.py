@@ -191,6 +191,22 @@ def test_patch_changes_only_what_is_given(api: Api) -> None:
     assert r.status_code == 404 and r.json() == {"error": "unknown or revoked key"}
 
 
+def test_a_key_whose_budget_provider_was_removed_can_still_be_edited(api: Api) -> None:
+    provider_services.provider_set(
+        name="gone", raw={"adapter": "openai-responses", "baseUrl": "http://127.0.0.1:9/v1"}
+    )
+    budgets = [{"windowPercent": 20, "provider": "gone"}]
+    created = api.post({"user": "ivy", "budgets": budgets}).json()
+    provider_services.provider_delete(name="gone")
+    r = api.patch(created["id"], {"name": "renamed"})
+    assert r.status_code == 200, r.content
+    assert r.json()["budgets"] == budgets
+    # A new budget must still name a configured provider.
+    r = api.patch(created["id"], {"budgets": budgets})
+    assert r.status_code == 400
+    assert r.json() == {"error": "budgets[0].provider: unknown provider gone"}
+
+
 # --- CLI ------------------------------------------------------------------------------------------
 
 
