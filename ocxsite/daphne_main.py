@@ -13,10 +13,15 @@ submissions into `request.args`; Daphne hands the raw body to the ASGI app and n
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import signal
 from typing import Any
 
 from daphne import http_protocol
 from daphne.cli import CommandLineInterface
+from daphne.server import Server
 
 RENAMED = {b"session_id": b"session-id", b"conversation_id": b"conversation-id"}
 
@@ -43,6 +48,67 @@ def install() -> None:
     http_protocol.WebRequest.__init__ = _init_without_form_parsing  # type: ignore[method-assign]
 
 
+_ports: list[Any] = []
+_listen_success = Server.listen_success
+
+
+def _remember_port(self: Any, port: Any) -> Any:
+    _ports.append(port)
+    return _listen_success(self, port)
+
+
+def _stop_listening() -> None:
+    for port in _ports:
+        port.stopListening()
+
+
+async def _flush() -> None:
+    from ocxsite import runtime
+
+    if runtime._runtime is not None:  # noqa: SLF001 - only if this worker ever served
+        await runtime._runtime.flush()  # noqa: SLF001
+
+
+def _stop_reactor() -> None:
+    from twisted.internet import reactor
+
+    reactor.stop()  # type: ignore[attr-defined,misc]
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    from twisted.internet import reactor
+
+    from ocxsite import lifecycle
+
+    if lifecycle.stopping():
+        return
+    lifecycle.mark_stopping()
+    loop: asyncio.AbstractEventLoop = reactor._asyncioEventloop  # type: ignore[attr-defined]
+    loop.call_soon_threadsafe(
+        lambda: loop.create_task(lifecycle.drain(_stop_listening, _stop_reactor, _flush))
+    )
+
+
+def _when_running() -> None:
+    # Replaces Twisted's own SIGTERM handling (stop at once, cancelling every request).
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    ready_fd = os.environ.pop("OCX_READY_FD", None)
+    if ready_fd:
+        # Tells `ocx serve` this worker accepts connections (a SIGHUP reload waits for it).
+        with contextlib.suppress(OSError):
+            os.write(int(ready_fd), b"1")
+            os.close(int(ready_fd))
+
+
+def install_lifecycle() -> None:
+    """Graceful SIGTERM (`ocxsite.lifecycle`) and the readiness signal for `ocx serve`."""
+    from twisted.internet import reactor
+
+    Server.listen_success = _remember_port  # type: ignore[method-assign]
+    reactor.callWhenRunning(_when_running)  # type: ignore[attr-defined]
+
+
 if __name__ == "__main__":
     install()
+    install_lifecycle()
     CommandLineInterface.entrypoint()

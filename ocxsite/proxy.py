@@ -45,7 +45,7 @@ from combos.engine.state import ComboState
 from combos.engine.types import ComboSpec, ConfigSnapshot, TargetSpec
 from combos.engine.validate import Resolution, resolve_model
 from combos.selectors import credential_for
-from ocxsite import metrics
+from ocxsite import lifecycle, metrics
 from ocxsite.access import CLIENT_PREFIX, KeyInfo, digest
 from ocxsite.budget_gate import Refusal
 from ocxsite.http_errors import HOST_NOT_ALLOWED, HostGate
@@ -210,7 +210,21 @@ class ProxyApp:
         started = time.monotonic()
         outcome = "ok"
         try:
-            await self._handle(scope, receive, exchange)
+            with lifecycle.track():
+                await self._handle(scope, receive, exchange)
+        except asyncio.CancelledError:
+            if not lifecycle.stopping():
+                raise
+            # The worker's shutdown grace ran out: an explicit error, never a clean end.
+            outcome = "shutdown"
+            failure = lifecycle.SHUTDOWN_FAILURE
+            if not exchange.started:
+                await exchange.respond(
+                    failure.status,
+                    error_payload(failure.status, failure.type, failure.code, failure.message),
+                )
+            elif exchange.streaming and not exchange.upstream_done:
+                await exchange.write(terminal_error_frame(exchange.protocol, failure))
         except HTTPFailure as exc:
             outcome = exc.code or "error"
             if not exchange.started:

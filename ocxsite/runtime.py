@@ -288,6 +288,11 @@ class Runtime:
             force=True,
         )
 
+    async def flush(self) -> None:
+        """Write everything the background writers hold (graceful shutdown)."""
+        for writer in (self.requestlog, self.snapshots, self.transitions):
+            await writer.drain()
+
     def emit(self, event: dict[str, object], *, force: bool = False) -> None:
         """Push a routing event to `/ws/events` subscribers (fire and forget)."""
         layer = get_channel_layer()

@@ -215,6 +215,8 @@ def start_server(
         # A loaded CI machine must not trip the Redis circuit breaker of tests about other
         # things (50 ms by default); the Redis-outage tests set their own.
         "OCX_REDIS_TIMEOUT_MS": "1000",
+        # A server stopped with a stream still running ends it within 5 s (default 30 s).
+        "OCX_SHUTDOWN_GRACE_S": "5",
         **(extra_env or {}),
     }
     env.pop("DJANGO_SETTINGS_MODULE", None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -83,7 +84,38 @@ def uvicorn_worker(fd: int) -> None:
         http="httptools" if _importable("httptools") else "h11",
     )
     sock = socket.socket(fileno=fd)  # family and type are read from the socket itself
-    uvicorn.Server(config).run(sockets=[sock])
+    _graceful(uvicorn.Server)(config).run(sockets=[sock])
+
+
+def _graceful(base: type[Any]) -> type[Any]:
+    """uvicorn's Server, draining on SIGTERM within OCX_SHUTDOWN_GRACE_S (uvicorn drains by
+    itself; the worker is marked as stopping so cancelled streams end with the in-band error)
+    and telling `ocx serve` through OCX_READY_FD when it accepts connections."""
+    import threading
+
+    from ocxsite import lifecycle
+
+    class GracefulServer(base):  # type: ignore[valid-type,misc]
+        def __init__(self, config: Any) -> None:
+            config.timeout_graceful_shutdown = int(lifecycle.grace_s())
+            super().__init__(config)
+            ready_fd = os.environ.pop("OCX_READY_FD", None)
+            if ready_fd:
+                threading.Thread(target=self._say_ready, args=(int(ready_fd),), daemon=True).start()
+
+        def _say_ready(self, fd: int) -> None:
+            while not self.started and not self.should_exit:
+                time.sleep(0.05)
+            with contextlib.suppress(OSError):
+                os.write(fd, b"1" if self.started else b"0")
+                os.close(fd)
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if sig == signal.SIGTERM:
+                lifecycle.mark_stopping()
+            super().handle_exit(sig, frame)
+
+    return GracefulServer
 
 
 EPILOG = """\
@@ -177,17 +209,30 @@ class Command(BaseCommand):
             shutil.rmtree(metrics_dir, ignore_errors=True)
             metrics_dir.mkdir(parents=True)
             env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
-        for _ in range(workers):
-            children.append(
-                subprocess.Popen(
-                    worker_command(server, sock.fileno()),
-                    pass_fds=(sock.fileno(),),
-                    env=env,
-                )
-            )
+        from ocxsite.supervisor import Supervisor
+
+        on_exit = None
+        if workers > 1:
+
+            def on_exit(pid: int) -> None:
+                from prometheus_client import multiprocess
+
+                multiprocess.mark_process_dead(pid, env["PROMETHEUS_MULTIPROC_DIR"])
+
+        supervisor = Supervisor(
+            worker_command(server, sock.fileno()),
+            sock.fileno(),
+            env,
+            workers,
+            extras=children,
+            on_exit=on_exit,
+        )
         self.stdout.write(f"ocx listening on http://{host}:{port} ({workers} {server} worker(s))")
         self.stdout.flush()
-        _supervise(children)
+        # A worker that dies is restarted, SIGHUP restarts them one by one (ocxsite.supervisor).
+        code = supervisor.run()
+        if code:
+            raise CommandError("the workers could not be kept running")
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -220,32 +265,6 @@ def _start_mock(port: int) -> tuple[subprocess.Popen[bytes], str]:
         proc.kill()
         raise CommandError(f"the demo mock upstream did not start (port {port} busy?)")
     return proc, line.rsplit(" ", 1)[-1]
-
-
-def _supervise(children: list[subprocess.Popen[bytes]]) -> None:
-    stopping = False
-
-    def stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    try:
-        while not stopping:
-            if any(c.poll() is not None for c in children):
-                break
-            time.sleep(0.2)
-    finally:
-        for c in children:
-            if c.poll() is None:
-                c.terminate()
-        deadline = time.monotonic() + 5
-        for c in children:
-            try:
-                c.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                c.kill()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,103 @@
+"""Graceful shutdown of one worker (issue 16): SIGTERM stops accepting, lets the running proxy
+requests and streams finish for up to `OCX_SHUTDOWN_GRACE_S` (default 30), then ends the rest
+with an explicit in-band error (`SHUTDOWN_FAILURE`: the protocol's terminal error frame on a
+stream, a 503 before the first byte), never as a clean end.
+
+`ProxyApp` registers each request's task here (`track`); the server glue (`ocxsite.daphne_main`,
+the uvicorn worker in `serve`) calls `drain` on SIGTERM. No Django here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+
+from providers.wire.commit import StreamFailure
+
+log = logging.getLogger("ocx.lifecycle")
+
+DEFAULT_GRACE_S = 30.0
+SHUTDOWN_FAILURE = StreamFailure(
+    status=503,
+    type="server_error",
+    code="ocx_shutting_down",
+    message="ocx is restarting or shutting down: the request was ended before completion; retry",
+)
+
+_inflight: set[asyncio.Task[object]] = set()
+_stopping = False
+
+
+def grace_s() -> float:
+    raw = os.environ.get("OCX_SHUTDOWN_GRACE_S") or ""
+    try:
+        return max(0.0, float(raw)) if raw else DEFAULT_GRACE_S
+    except ValueError:
+        return DEFAULT_GRACE_S
+
+
+def stopping() -> bool:
+    """True once this worker was told to stop: a cancellation now is the shutdown's."""
+    return _stopping
+
+
+def mark_stopping() -> None:
+    global _stopping
+    _stopping = True
+
+
+def inflight() -> int:
+    return len(_inflight)
+
+
+@contextmanager
+def track() -> Iterator[None]:
+    """Count the current task as a running request for the duration of the block."""
+    task = asyncio.current_task()
+    if task is None:
+        yield
+        return
+    _inflight.add(task)
+    try:
+        yield
+    finally:
+        _inflight.discard(task)
+
+
+async def drain(
+    stop_listening: Callable[[], None],
+    stop: Callable[[], None],
+    flush: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Stop accepting, wait for the running requests (up to the grace period), cancel what is
+    left (each ends itself with `SHUTDOWN_FAILURE`), write what is queued (`flush`: the request
+    log), then stop the server."""
+    mark_stopping()
+    grace = grace_s()
+    loop = asyncio.get_running_loop()
+    log.warning(
+        "shutting down: no new connections; %d request(s) running get up to %.0f s",
+        len(_inflight),
+        grace,
+    )
+    stop_listening()
+    deadline = loop.time() + grace
+    while _inflight and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    if _inflight:
+        log.warning("grace period over: ending %d request(s) with an error", len(_inflight))
+        for task in list(_inflight):
+            task.cancel()
+        end = loop.time() + 2.0
+        while _inflight and loop.time() < end:
+            await asyncio.sleep(0.02)
+    if flush is not None:
+        try:
+            async with asyncio.timeout(5.0):
+                await flush()
+        except Exception:  # noqa: BLE001 - the process stops either way
+            log.warning("could not write the queued request log at shutdown", exc_info=True)
+    stop()

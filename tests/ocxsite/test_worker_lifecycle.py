@@ -1,0 +1,244 @@
+"""Workers dying, stopping and reloading (issue 16): `ocx serve` restarts a killed worker,
+SIGTERM lets running streams finish within OCX_SHUTDOWN_GRACE_S and ends the rest with an
+in-band error, SIGHUP restarts the workers one at a time without a failed request.
+
+Several workers share state through a `redis-server` the test starts itself (free port), so
+these tests run in both CI passes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import Mock, Server, sse_events, start_server
+from tests.ocxsite.deps import RedisServer
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server")
+KEY = "sk-test-lifecycle-aaaaaaaaaaaaaaaaaaaa"
+
+
+def worker_pids(server: Server) -> set[int]:
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == server.proc.pid and b"mock_upstream" not in cmdline:
+            pids.add(int(entry.name))
+    return pids
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def configure(server: Server, mock: Mock) -> dict[str, str]:
+    server.put_provider(
+        "p1",
+        {
+            "adapter": "openai-responses",
+            "baseUrl": mock.url + "/v1",
+            "apiKey": KEY,
+            "models": {"fa": {"contextWindow": 100000}},
+        },
+    )
+    server.put_combo("main", {"targets": [{"provider": "p1", "model": "fa"}]})
+    headers = {"Authorization": f"Bearer {server.create_key()}"}
+    server.wait_synced()
+    return headers
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    redis_server = RedisServer()
+    redis_server.start()
+    try:
+        yield redis_server.url
+    finally:
+        redis_server.close()
+
+
+def serve(tmp: Path, redis_url: str, workers: int, grace: str = "10") -> tuple[Server, Any]:
+    return start_server(
+        tmp,
+        workers=workers,
+        extra_env={"REDIS_URL": redis_url, "OCX_SHUTDOWN_GRACE_S": grace},
+    )
+
+
+def stream(url: str, headers: dict[str, str], out: dict[str, Any]) -> None:
+    """One streamed request; `out` gets the status, the body read so far, and any error."""
+    body = {"model": "combo/main", "input": "hi", "stream": True}
+    try:
+        with httpx.Client(base_url=url, timeout=60) as client:
+            with client.stream("POST", "/v1/responses", json=body, headers=headers) as r:
+                out["status"] = r.status_code
+                out["body"] = ""
+                for chunk in r.iter_text():
+                    out["body"] += chunk
+                    out.setdefault("first_byte", time.monotonic())
+    except httpx.HTTPError as exc:
+        out["error"] = type(exc).__name__
+
+
+def test_killed_worker_is_restarted_and_the_others_keep_serving(
+    tmp_path: Path, redis_url: str, mock: Mock
+) -> None:
+    server, stop = serve(tmp_path, redis_url, workers=2)
+    try:
+        headers = configure(server, mock)
+        before = worker_pids(server)
+        assert len(before) == 2
+        victim = sorted(before)[0]
+        os.kill(victim, signal.SIGKILL)
+        failures = 0
+        for _ in range(20):  # new connections only ever reach the living worker
+            with httpx.Client(base_url=server.url, timeout=30) as fresh:
+                r = fresh.post(
+                    "/v1/responses", json={"model": "combo/main", "input": "hi"}, headers=headers
+                )
+                failures += r.status_code != 200
+        assert failures == 0
+        wait_for(
+            lambda: len(worker_pids(server)) == 2 and victim not in worker_pids(server),
+            30,
+            "the killed worker was not replaced",
+        )
+        assert any(f"worker {victim} ended (signal 9)" in line for line in server.output)
+        assert server.proc.poll() is None
+        server.wait_synced()
+    finally:
+        stop()
+
+
+def test_killed_worker_cuts_its_stream(tmp_path: Path, redis_url: str, mock: Mock) -> None:
+    server, stop = serve(tmp_path, redis_url, workers=1)
+    try:
+        headers = configure(server, mock)
+        mock.script("fa", [{"deltas": 100, "delta_ms": 50}])
+        out: dict[str, Any] = {}
+        thread = threading.Thread(target=stream, args=(server.url, headers, out))
+        thread.start()
+        wait_for(lambda: "first_byte" in out, 30, "the stream did not start")
+        (pid,) = worker_pids(server)
+        os.kill(pid, signal.SIGKILL)
+        thread.join(30)
+        # A cut connection, never a clean end: no terminal event reached the client.
+        assert out.get("error") in ("RemoteProtocolError", "ReadError"), out
+        assert "response.completed" not in out["body"]
+        wait_for(lambda: len(worker_pids(server) - {pid}) == 1, 30, "no new worker")
+    finally:
+        stop()
+
+
+def test_sigterm_lets_a_running_stream_finish(tmp_path: Path, redis_url: str, mock: Mock) -> None:
+    server, stop = serve(tmp_path, redis_url, workers=1, grace="20")
+    try:
+        headers = configure(server, mock)
+        mock.script("fa", [{"deltas": 20, "delta_ms": 100}])  # about 2 s
+        out: dict[str, Any] = {}
+        thread = threading.Thread(target=stream, args=(server.url, headers, out))
+        thread.start()
+        wait_for(lambda: "first_byte" in out, 30, "the stream did not start")
+        server.proc.send_signal(signal.SIGTERM)
+        thread.join(30)
+        assert out.get("status") == 200 and "error" not in out, out
+        events = [e for e, _ in sse_events(out["body"])]
+        assert events[-1] == "response.completed"
+        server.proc.wait(30)
+        assert server.proc.returncode == 0
+        with pytest.raises(httpx.TransportError):
+            httpx.get(server.url + "/healthz", timeout=2)
+    finally:
+        stop()
+
+
+def test_sigterm_ends_a_stream_past_the_grace_with_an_error(
+    tmp_path: Path, redis_url: str, mock: Mock
+) -> None:
+    server, stop = serve(tmp_path, redis_url, workers=1, grace="1")
+    try:
+        headers = configure(server, mock)
+        mock.script("fa", [{"deltas": 200, "delta_ms": 100}])  # 20 s: longer than the grace
+        out: dict[str, Any] = {}
+        thread = threading.Thread(target=stream, args=(server.url, headers, out))
+        thread.start()
+        wait_for(lambda: "first_byte" in out, 30, "the stream did not start")
+        signalled = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        thread.join(30)
+        assert "error" not in out, out  # ended in-band, not cut
+        events = sse_events(out["body"])
+        assert events[-1][0] == "response.failed"
+        assert events[-1][1]["response"]["error"]["code"] == "ocx_shutting_down"
+        server.proc.wait(30)
+        assert time.monotonic() - signalled < 10
+    finally:
+        stop()
+
+
+def test_sighup_restarts_workers_without_a_failed_request(
+    tmp_path: Path, redis_url: str, mock: Mock
+) -> None:
+    server, stop = serve(tmp_path, redis_url, workers=2)
+    try:
+        headers = configure(server, mock)
+        before = worker_pids(server)
+        results: list[int | str] = []
+        done = threading.Event()
+
+        def load() -> None:
+            body = {"model": "combo/main", "input": "hi"}
+            with httpx.Client(base_url=server.url, timeout=30) as keepalive:
+                while not done.is_set():
+                    try:
+                        with httpx.Client(base_url=server.url, timeout=30) as fresh:
+                            results.append(
+                                fresh.post("/v1/responses", json=body, headers=headers).status_code
+                            )
+                        results.append(
+                            keepalive.post("/v1/responses", json=body, headers=headers).status_code
+                        )
+                    except httpx.HTTPError as exc:
+                        results.append(type(exc).__name__)
+
+        threads = [threading.Thread(target=load) for _ in range(2)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: len(results) > 10, 30, "no traffic")
+        server.proc.send_signal(signal.SIGHUP)
+        wait_for(
+            lambda: any("every worker restarted" in line for line in server.output),
+            90,
+            "the reload did not finish",
+        )
+        wait_for(lambda: not (worker_pids(server) & before), 60, "old workers still running")
+        count = len(results)
+        wait_for(lambda: len(results) > count + 10, 30, "no traffic after the reload")
+        done.set()
+        for t in threads:
+            t.join(30)
+        assert len(worker_pids(server)) == 2
+        bad = [r for r in results if r != 200]
+        assert bad == [], f"{len(bad)} of {len(results)} failed: {bad[:5]}"
+    finally:
+        done.set()
+        stop()
