@@ -124,7 +124,8 @@ def publish(config_version: int, keys_version: int, *, wait_s: float = ACK_WAIT_
             return 0
         key = ack_key(settings.OCX_STATE_KEY_PREFIX, token)
         acked = 0
-        loop_deadline = time.monotonic() + wait_s
+        published = time.monotonic()
+        loop_deadline = published + wait_s
         try:
             while acked < receivers:
                 remaining = loop_deadline - time.monotonic()
@@ -133,6 +134,14 @@ def publish(config_version: int, keys_version: int, *, wait_s: float = ACK_WAIT_
                 acked += 1
         finally:
             client.delete(key)
+        log.info(
+            "config version %s keys version %s: %s of %s workers reloaded in %.1f ms",
+            config_version,
+            keys_version,
+            acked,
+            receivers,
+            (time.monotonic() - published) * 1000,
+        )
         if acked < receivers:
             log.warning(
                 "config version %s: %s of %s workers acknowledged within %.1fs; "

@@ -199,7 +199,13 @@ class Runtime:
             return  # this worker took the write, or a poll got there first
         try:
             async with asyncio.timeout(confignotify.RELOAD_TIMEOUT_S):
-                await self.refresh()
+                if notice is not None and notice.config_version > snapshot.version:
+                    # The notice says the config moved: load it without a version read first.
+                    async with self._refresh_lock:
+                        loaded_version, snap, loaded = await in_thread(_load)
+                        self.offer(snap, loaded, loaded_version)
+                else:
+                    await self.refresh()
         except Exception:  # noqa: BLE001 - the poll retries; a notice must not kill the listener
             log.exception("reload on a config notice failed; the poll retries")
 
