@@ -33,6 +33,8 @@ commands:
   catalog write PATH|show
   status [combo]
   usage [--by user|key|combo|target|model[,…]] [--since 7d] [--until T] [--json|--csv]
+
+Run `ocx <command> --help` (or `ocx help <command>`) for its options and examples.
 """
 
 
