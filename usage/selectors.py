@@ -57,16 +57,19 @@ def parse_time(value: str, *, now: dt.datetime, name: str) -> dt.datetime:
     """ISO 8601 (no offset = UTC) or a duration back from now: `30m`, `1h`, `24h`, `7d`, `2w`."""
     text = value.strip()
     m = _RELATIVE.match(text)
-    if m:
-        return now - dt.timedelta(seconds=int(m.group(1)) * _UNITS[m.group(2)])
     try:
+        if m:
+            return now - dt.timedelta(seconds=int(m.group(1)) * _UNITS[m.group(2)])
         parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+        # In UTC from here on (an offset at the calendar's edge cannot be converted).
+        return parsed.replace(tzinfo=parsed.tzinfo or dt.UTC).astimezone(dt.UTC)
+    except OverflowError:
+        raise UsageQueryError(f"{name}: {value!r} is out of range") from None
     except ValueError:
         raise UsageQueryError(
             f"{name}: expected an ISO 8601 time (2026-01-31T12:00:00Z) or a duration "
             f"like 1h, 24h, 7d, 30d; got {value!r}"
         ) from None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
 
 
 def parse_by(value: str | None) -> tuple[str, ...]:

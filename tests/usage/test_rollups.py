@@ -187,6 +187,8 @@ def test_parse_time_and_query_errors() -> None:
         ({"since": "7x"}, "since: expected an ISO 8601 time"),
         ({"until": "2020-01-01"}, "since must be before until"),
         ({"bucket": "week"}, "bucket: use minute, hour or day"),
+        ({"since": "999999w"}, "since: '999999w' is out of range"),
+        ({"until": "9999-12-31T23:00:00-05:00"}, "until: '9999-12-31T23:00:00-05:00' is out of"),
     ):
         args: dict[str, Any] = {"by": None, "since": None, "until": None, **kwargs}
         with pytest.raises(selectors.UsageQueryError, match=message):
