@@ -15,7 +15,7 @@ from django.db.models import Count, Q
 from ocxsite.models import ClientKey
 
 # Used when the settings name no validators: an admin login deserves a real password.
-FALLBACK_VALIDATORS = [
+FALLBACK_VALIDATORS: list[dict[str, Any]] = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {
         "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",

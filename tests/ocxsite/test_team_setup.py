@@ -248,10 +248,12 @@ def test_doctor_probe_hits_each_provider_once(
 # --- data directory ---------------------------------------------------------------------
 
 
-def _ocx(args: list[str], data_dir: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _ocx(args: list[str], data_dir: Path | None, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.pop("DJANGO_SETTINGS_MODULE", None)
-    env["OCX_DATA_DIR"] = str(data_dir)
+    env.pop("OCX_DATA_DIR", None)
+    if data_dir is not None:
+        env["OCX_DATA_DIR"] = str(data_dir)
     env["PYTHONPATH"] = str(ROOT)
     return subprocess.run(
         [sys.executable, "-m", "ocxsite.cli", *args],
@@ -277,6 +279,25 @@ def test_a_command_that_creates_the_database_says_so(tmp_path: Path) -> None:
     assert looked.returncode == 1
     assert "fail  migrations" in looked.stdout and "no database at" in looked.stdout
     assert not (other / "ocx.sqlite3").exists()
+
+
+def test_the_default_data_directory_is_named_when_it_is_created(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = _ocx(["combo", "list"], None, elsewhere)
+    assert done.returncode == 0, done.stderr
+    var = (elsewhere / "var").resolve()
+    assert done.stderr == (
+        f"ocx: created a new database at {var / 'ocx.sqlite3'} "
+        f"(OCX_DATA_DIR not set: ./var of the current directory, {var})\n"
+    )
+
+
+def test_user_command_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "user", "create")
+    assert (code, out) == (1, "") and "required: name" in err
+    code, out, err = run(capsys, "user", "bogus")
+    assert code == 1 and "invalid choice: 'bogus'" in err
 
 
 # --- demo -------------------------------------------------------------------------------

@@ -84,7 +84,7 @@ class Command(BaseCommand):
             if password != getpass.getpass("Password (again): "):
                 raise CommandError("the passwords do not match")
         user = users.user_create(username=name, password=password, is_staff=options["staff"])
-        role = "staff user (admin login at /admin/)" if user.is_staff else "user"
+        role = "staff user (admin login at /admin/)" if options["staff"] else "user"
         self.stdout.write(f"Created {role} {user.get_username()}.")
 
     def _list(self) -> None:
