@@ -28,6 +28,7 @@ WITH_EXAMPLES = {
     "serve",
     "status",
     "token",
+    "usage",
     "user",
 }
 

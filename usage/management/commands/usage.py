@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
@@ -10,9 +11,23 @@ from django.utils import timezone
 
 from usage import selectors
 
+EPILOG = """\
+examples:
+  ocx usage                                   # per user, the last 24 hours
+  ocx usage --by user,model --since 7d
+  ocx usage --by combo --since 2026-11-01T00:00:00Z --until 2026-12-01T00:00:00Z --csv
+  ocx usage --by key --since 30d --json
+"""
+
 
 class Command(BaseCommand):
     help = "Token usage per user, key, combo, target or model over a time range."
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        # `ocx usage --help`: the examples below (ocxsite/cli.py prints them).
+        kwargs.setdefault("epilog", EPILOG)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        return super().create_parser(prog_name, subcommand, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
