@@ -350,3 +350,76 @@ class GuardedRecall:
         if ok:
             return combo
         return await self.local.recall(key_id, lane, name, now=now, live=live)
+
+
+class GuardedBudgetStore:
+    """Budget counters (`ocxsite.budget_store`): Redis, or this worker's share while it is out.
+
+    While degraded a counter reads as the last shared value this worker saw plus its own
+    spending since, times the number of workers: each worker may spend its `1 / workers`
+    share of what was left (the `limit / workers` rule, started from the known total). When
+    Redis returns, the spending of the outage is added to the shared counters."""
+
+    def __init__(self, shared: Any, breaker: RedisBreaker, workers: int) -> None:
+        from ocxsite.budget_store import MemoryBudgetStore
+
+        self.shared = shared
+        self.local = MemoryBudgetStore()  # window-budget attribution while degraded
+        self.breaker = breaker
+        self.workers = max(1, workers)
+        self._seen: dict[str, int] = {}  # counter -> last shared value
+        self._spent: dict[str, tuple[int, int]] = {}  # counter -> (outage spending, expiry)
+        breaker.on_recover(self.resync)
+
+    def _estimate(self, name: str, now_ms: int) -> int:
+        spent, expires = self._spent.get(name, (0, 0))
+        return self._seen.get(name, 0) + (spent * self.workers if expires > now_ms else 0)
+
+    async def read(
+        self, counters: Any, hashes: Any, now_ms: int
+    ) -> tuple[list[int], list[dict[str, str]]]:
+        ok, got = await self.breaker.call(lambda: self.shared.read(counters, hashes, now_ms))
+        if ok:
+            assert got is not None
+            if len(self._seen) > 10_000:
+                self._seen.clear()  # only a starting point for an outage
+            self._seen.update(zip(counters, got[0], strict=True))
+            return got  # type: ignore[no-any-return]
+        _, maps = await self.local.read([], hashes, now_ms)
+        return [self._estimate(name, now_ms) for name in counters], maps
+
+    async def add(self, name: str, amount: int, expire_at_ms: int, now_ms: int) -> int:
+        ok, value = await self.breaker.call(
+            lambda: self.shared.add(name, amount, expire_at_ms, now_ms)
+        )
+        if ok:
+            self._seen[name] = int(value or 0)
+            return int(value or 0)
+        spent, expires = self._spent.get(name, (0, 0))
+        self._spent[name] = ((spent if expires > now_ms else 0) + amount, expire_at_ms)
+        return self._estimate(name, now_ms)
+
+    async def attribute(
+        self, seen: str, hashes: Any, field: str, used: float, reset_ms: int, now_ms: int
+    ) -> tuple[float, list[float]]:
+        ok, got = await self.breaker.call(
+            lambda: self.shared.attribute(seen, hashes, field, used, reset_ms, now_ms)
+        )
+        if ok:
+            assert got is not None
+            return got  # type: ignore[no-any-return]
+        return await self.local.attribute(seen, hashes, field, used, reset_ms, now_ms)
+
+    async def resync(self) -> int:
+        now_ms = int(time.time() * 1000)
+        merged = 0
+        while self._spent:
+            name, (amount, expires) = self._spent.popitem()
+            if expires > now_ms and amount:
+                try:
+                    self._seen[name] = int(await self.shared.add(name, amount, expires, now_ms))
+                except BaseException:
+                    self._spent[name] = (amount, expires)
+                    raise
+                merged += 1
+        return merged

@@ -37,6 +37,7 @@ from ocxsite.events import EVENTS_GROUP
 from ocxsite.ratelimit import MemoryLimiter, RedisLimiter
 from ocxsite.recall_store import MemoryRecall, RedisRecall
 from ocxsite.redis_guard import (
+    GuardedBudgetStore,
     GuardedJsonStore,
     GuardedLimiter,
     GuardedRecall,
@@ -103,6 +104,10 @@ class Runtime:
             self.limiter = GuardedLimiter(RedisLimiter(url, prefix), self.redis, workers)
         # Budgets per key and user (PRODUCT §9.5): counters in Redis when set.
         self.budgets = budget_events.new_gate(self.emit, lambda: int(time.time() * 1000))
+        if self.redis is not None and settings.OCX_REDIS_URL:
+            # While Redis is out each worker spends its share of what was left (redis_guard).
+            workers = int(os.environ.get("OCX_WORKER_COUNT") or 1)
+            self.budgets.store = GuardedBudgetStore(self.budgets.store, self.redis, workers)
         self._started: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         # The event loop serving requests (set by `ready()`): a write made in another thread of

@@ -1,0 +1,117 @@
+"""`ocxsite.redis_guard` against a real `redis-server` the test starts and stops itself:
+the circuit breaker, the per-worker fallbacks (rpm `limit / workers`, budget shares) and the
+write-back when Redis returns."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from combos.engine.state import ComboState, _frozen
+from ocxsite.budget_store import RedisBudgetStore
+from ocxsite.ratelimit import RedisLimiter
+from ocxsite.redis_guard import (
+    GuardedBudgetStore,
+    GuardedLimiter,
+    GuardedStateStore,
+    RedisBreaker,
+    local_limit,
+)
+from ocxsite.redis_state import RedisStateStore
+from tests.ocxsite.deps import RedisServer
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server")
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+async def until(predicate: object, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+
+
+def test_local_limit_is_the_workers_share() -> None:
+    assert local_limit(60, 3) == 20
+    assert local_limit(10, 3) == 3
+    assert local_limit(1, 4) == 1  # never zero: a worker can always serve one
+    assert local_limit(5, 0) == 5
+
+
+def test_breaker_limiter_and_budget_fall_back_then_write_back(redis_server: RedisServer) -> None:
+    changes: list[tuple[bool, dict[str, object]]] = []
+
+    async def run() -> None:
+        breaker = RedisBreaker(
+            redis_server.url,
+            timeout_s=0.2,
+            on_change=lambda d, detail: changes.append((d, detail)),
+            backoff_s=(0.05, 0.2),
+        )
+        limiter = GuardedLimiter(RedisLimiter(redis_server.url, "t"), breaker, workers=3)
+        budget = GuardedBudgetStore(RedisBudgetStore(redis_server.url), breaker, workers=2)
+        now = int(time.time() * 1000)
+        expires = now + 3_600_000
+        assert await limiter.hit(1, 9, now) is None
+        assert await budget.add("t:budget:k", 100, expires, now) == 100
+        assert not breaker.open
+
+        redis_server.stop()
+        # rpm: 9 / 3 workers = 3 per worker while Redis is out.
+        verdicts = [await limiter.hit(1, 9, now) for _ in range(4)]
+        assert breaker.open and changes[0][0] is True
+        assert verdicts[:3] == [None, None, None] and verdicts[3] is not None
+        # Budget: the known 100 plus this worker's spending times 2 workers.
+        assert await budget.add("t:budget:k", 10, expires, now) == 120
+        values, _ = await budget.read(["t:budget:k"], [], now)
+        assert values == [120]
+
+        redis_server.start()
+        await until(lambda: not breaker.open)
+        assert changes[-1][0] is False and changes[-1][1]["mergedStates"] == 1
+        # The restarted Redis lost the counter; the outage's spending was written back.
+        assert int(redis_server.client().get("t:budget:k")) == 10
+        await breaker.aclose()
+
+    asyncio.run(run())
+
+
+def test_state_store_keeps_known_cooldowns_and_merges_back(redis_server: RedisServer) -> None:
+    async def run() -> None:
+        breaker = RedisBreaker(redis_server.url, timeout_s=0.2, backoff_s=(0.05, 0.2))
+        store = GuardedStateStore(RedisStateStore(redis_server.url, "t"), breaker)
+        known = ComboState(cooldowns=_frozen({"a/m": 10**13}))
+        await store.update("c", lambda s: (known, None))
+        assert (await store.get("c")) == known
+
+        redis_server.stop()
+        assert (await store.get("c")) == known  # seeded copy, no Redis
+        assert breaker.open
+        during = ComboState(cooldowns=_frozen({"a/m": 10**13, "b/m": 10**13 + 5}))
+        await store.update("c", lambda s: (during, None))
+        started = time.monotonic()
+        for _ in range(200):  # an open breaker costs nothing per call
+            await store.get("c")
+        assert time.monotonic() - started < 1.0
+
+        redis_server.start()
+        await until(lambda: not breaker.open)
+        shared = RedisStateStore(redis_server.url, "t")
+        assert dict((await shared.get("c")).cooldowns) == {"a/m": 10**13, "b/m": 10**13 + 5}
+        await shared.aclose()
+        await breaker.aclose()
+
+    asyncio.run(run())
