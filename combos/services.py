@@ -11,6 +11,7 @@ from combos.engine import validate
 from combos.engine.types import ComboSpec
 from combos.models import Combo, ComboTarget
 from combos.state_reset import clear_on_commit
+from providers import presets
 from providers import services as provider_services
 from providers.errors import ConfigError
 from providers.models import ConfigState, Provider
@@ -155,6 +156,13 @@ def config_load(*, doc: object, replace: bool = False) -> dict[str, int]:
             merged.update({k: v for k, v in doc.items() if k not in merged})
         else:
             merged = dict(doc)
+        providers_raw = merged.get("providers")
+        if isinstance(providers_raw, Mapping):
+            # `"preset": "openai"` works in a config document as in PUT /api/providers.
+            merged["providers"] = {
+                name: presets.expand(raw) if isinstance(raw, Mapping) else raw
+                for name, raw in providers_raw.items()
+            }
         issues = validate.validate_config(merged)
         if issues:
             raise ConfigError(issues[0].message, issues=[str(i) for i in issues])

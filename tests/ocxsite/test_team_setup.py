@@ -194,6 +194,24 @@ def test_doctor_credentials_combos_and_hosts(
     assert code == 1 and verdicts(report)["allowed hosts"] == "fail"
 
 
+def test_doctor_names_a_stored_key_it_cannot_decrypt(
+    capsys: pytest.CaptureFixture[str], settings: object
+) -> None:
+    provider_services.provider_set(
+        name="kept", raw={"preset": "vllm", "apiKey": "sk-stored-0123456789abcdef"}
+    )
+    assert verdicts(doctor_json(capsys)[1])["provider kept"] == "warn"  # stored, but no models
+    settings.SECRET_KEY = "another-secret-key-" + "x" * 32  # type: ignore[attr-defined]
+    code, report = doctor_json(capsys)
+    detail = {c["name"]: (c["verdict"], c["detail"]) for c in report["checks"]}  # type: ignore[attr-defined]
+    assert detail["provider kept"] == (
+        "fail",
+        "the stored key cannot be decrypted (secret key changed?); "
+        "no models (add some, or use a preset)",
+    )
+    assert code == 1
+
+
 def test_doctor_redis_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("django.conf.settings.OCX_REDIS_URL", "redis://127.0.0.1:1/0")
     check = doctor.check_redis()

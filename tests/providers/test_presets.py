@@ -242,3 +242,25 @@ def test_admin_add_form_with_a_preset(client: Client) -> None:
     assert r.status_code == 200
     assert "This field is required (or choose a preset)." in r.content.decode()
     assert not Provider.objects.filter(name="other").exists()
+
+
+def test_config_load_accepts_a_preset(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+    doc = tmp_path / "ocx.json"
+    doc.write_text(
+        json.dumps(
+            {
+                "providers": {"openai": {"preset": "openai", "apiKeyEnv": "TEAM_OPENAI"}},
+                "combos": {"main": {"targets": [{"provider": "openai", "model": "gpt-5.5"}]}},
+            }
+        )
+    )
+    code, out, err = run(capsys, "config", "load", str(doc))
+    assert code == 0, err
+    raw = stored("openai")
+    assert raw["apiKeyEnv"] == "TEAM_OPENAI"
+    assert raw["models"]["gpt-5.5"]["contextWindow"] == 272000
+    doc.write_text(json.dumps({"providers": {"x": {"preset": "acme"}}}))
+    before = selectors.config_dump()
+    code, out, err = run(capsys, "config", "load", str(doc))
+    assert code == 1 and 'unknown preset "acme"' in err
+    assert selectors.config_dump() == before
