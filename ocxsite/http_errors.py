@@ -36,8 +36,9 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponseBase:
 def json_api_errors(
     get_response: Callable[[HttpRequest], HttpResponseBase | Awaitable[HttpResponseBase]],
 ) -> Callable[[HttpRequest], HttpResponseBase | Awaitable[HttpResponseBase]]:
-    """Middleware: `/api/*` 404/405 answers that are not JSON get `{"error": …}` (ninja's 405
-    is text "Method not allowed"; an unknown path is Django's HTML 404). `Allow` is kept."""
+    """Middleware: a disallowed Host is refused on every Django path, static files included;
+    `/api/*` 404/405 answers that are not JSON get `{"error": …}` (ninja's 405 is text
+    "Method not allowed"; an unknown path is Django's HTML 404). `Allow` is kept."""
 
     def convert(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
         message = _API_MESSAGES.get(response.status_code)
@@ -52,14 +53,18 @@ def json_api_errors(
             out["Allow"] = response["Allow"]
         return out
 
+    # Each middleware checks the Host first (DisallowedHost → `bad_request`): before WhiteNoise,
+    # so static files are refused to a disallowed Host like every other Django path.
     if iscoroutinefunction(get_response):
 
         async def middleware(request: HttpRequest) -> HttpResponseBase:
+            request.get_host()
             return convert(request, await get_response(request))  # type: ignore[misc]
 
         return markcoroutinefunction(middleware)
 
     def sync_middleware(request: HttpRequest) -> HttpResponseBase:
+        request.get_host()
         return convert(request, get_response(request))  # type: ignore[arg-type]
 
     return sync_middleware

@@ -75,13 +75,26 @@ def test_unknown_path_outside_api_keeps_django_404(ocx_server: Server) -> None:
     assert "application/json" not in r.headers.get("content-type", "")
 
 
-@pytest.mark.parametrize("path", ["/admin/", "/admin/login/", "/api/combos", "/healthz", "/readyz"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/admin/",
+        "/admin/login/",
+        "/api/combos",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/static/admin/css/base.css",  # WhiteNoise answers before Django's own Host check
+    ],
+)
 def test_disallowed_host_on_django_paths_is_json_400(ocx_server: Server, path: str) -> None:
     r = ocx_server.api.get(path, headers={"Host": "evil.example"})
     assert r.status_code == 400
     assert r.headers["content-type"] == "application/json"
     assert r.json() == {"error": HOST_NOT_ALLOWED}
     assert "evil.example" not in r.text
+    # An allowed Host gets the page.
+    assert ocx_server.api.get(path, headers={"Host": "localhost:8787"}).status_code in (200, 302)
 
 
 @pytest.mark.parametrize(
