@@ -249,6 +249,9 @@ def test_window_percent_budget_counts_each_rise_against_its_request(
 def test_no_worker_admits_once_the_budget_is_used_up(
     tmp_path_factory: pytest.TempPathFactory, mock: Mock
 ) -> None:
+    """3 workers, one Redis: a stream admitted on one worker keeps running while requests on
+    the others use the budget up; then no worker admits (each reads the shared counter, none
+    a stale count of its own), and the stream still finishes whole and is counted."""
     server, stop = start_server(
         tmp_path_factory.mktemp("ocx-budget-workers"),
         workers=3,
@@ -256,7 +259,7 @@ def test_no_worker_admits_once_the_budget_is_used_up(
     )
     clients: list[Any] = []
     try:
-        setup_provider(server, mock, "bx", "xm")
+        setup_provider(server, mock, "bx", "xm", "xs")
         created, headers = new_key(
             server, "budget-workers", budget={"tokens": 300, "period": "day"}
         )
@@ -268,21 +271,47 @@ def test_no_worker_admits_once_the_budget_is_used_up(
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
         mock.script("xm", [], then={"usage": USAGE})
-        statuses = [ask(clients[i % len(clients)].http, "bx/xm", {}).status_code for i in range(3)]
-        assert statuses == [200, 200, 200]  # 300 tokens, spent on several workers
-        # Now no worker admits: each reads the shared counter, none a stale count of its own.
+        mock.script("xs", [{"usage": USAGE, "deltas": 8, "delta_ms": 300}])
+        first_byte = threading.Event()
+        result: dict[str, Any] = {}
+
+        def slow() -> None:
+            body = {"model": "bx/xs", "input": "hello", "stream": True}
+            with clients[0].http.stream("POST", "/v1/responses", json=body) as r:
+                result["status"] = r.status_code
+                chunks = []
+                for chunk in r.iter_text():
+                    chunks.append(chunk)
+                    first_byte.set()
+                result["text"] = "".join(chunks)
+
+        thread = threading.Thread(target=slow)
+        thread.start()
+        assert first_byte.wait(10), "the slow stream did not start"
+        others = clients[1:]
+        statuses = [ask(others[i % len(others)].http, "bx/xm", {}).status_code for i in range(3)]
+        assert statuses == [200, 200, 200]  # 300 tokens, spent on the other workers
+        for client in others:
+            r = ask(client.http, "bx/xm", {})
+            assert r.status_code == 429, (client.pid, r.text)
+        assert thread.is_alive(), "the slow stream ended before the budget ran out"
+        thread.join(20)
+        assert result["status"] == 200
+        assert sse_events(result["text"])[-1][0] == "response.completed"
+        # No worker admits, the stream's worker included; the stream was counted (400).
         for _ in range(2):
             for client in clients:
                 r = ask(client.http, "bx/xm", {})
                 assert r.status_code == 429, (client.pid, r.text)
                 assert r.json()["error"]["code"] == "budget_exceeded"
+                assert "has used 400 tokens" in r.json()["error"]["message"]
                 assert r.headers["x-ocx-budget-remaining"] == "0"
-        assert mock.hits("xm") == 3
+        assert (mock.hits("xm"), mock.hits("xs")) == (3, 1)
         assert len({c.pid for c in clients}) >= 2
-        # The 100 % event fired exactly once over all the workers.
+        # The 100 % event fired exactly once over all the workers (it was crossed while the
+        # stream still ran, long before these last requests).
         owner = f"key {created['prefix']}… of budget-workers"
         wait_for_output(server, f"budget 100%: {owner}")
-        time.sleep(0.3)  # any duplicate would have been printed by now
         assert sum(f"budget 100%: {owner}" in x for x in server.output) == 1
     finally:
         for client in clients:
