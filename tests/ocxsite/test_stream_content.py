@@ -13,7 +13,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Mock, Server, sse_events
+from tests.conftest import Mock, Server, sse_events, start_server
+from tests.ocxsite.test_workers import REDIS_URL, needs_redis, spread_clients
 
 KEYS = {"p1": "sk-test-primary-aaaaaaaaaaaaaaaaaaaa", "p2": "sk-test-backup-bbbbbbbbbbbbbbbbbbbbb"}
 CALLER_TOKEN = "caller-chatgpt-token-zzzzzzzzzzzzzz"
@@ -349,3 +350,67 @@ def test_undeclared_call_on_the_only_target_is_a_clean_error(server: Server, moc
     error = r.json()["error"]
     assert error["code"] == "upstream_undeclared_tool"
     assert "stale_tool" not in r.text
+
+
+# ---------------------------------------------------------------------------------------------
+# Several workers (PostgreSQL + Redis when the run has them)
+
+
+@needs_redis
+def test_counts_and_hops_on_every_worker(
+    tmp_path_factory: pytest.TempPathFactory, mock: Mock
+) -> None:
+    """3 workers: a malformed pass-through frame is forwarded and counted by whichever worker
+    serves it (`/metrics` sums them), and an undeclared call hops on every worker."""
+    server, stop = start_server(
+        tmp_path_factory.mktemp("ocx-content-workers"),
+        workers=3,
+        extra_env={"REDIS_URL": REDIS_URL or ""},
+    )
+    clients: list[Any] = []
+    try:
+        mock.script("wm", [], then={"malformed_after_events": 2})
+        mock.script("ws", [], then={"tool_call": {"name": "stale_tool"}})
+        model, headers = setup(
+            server,
+            mock,
+            [("p1", "openai-chat", "wm"), ("p2", "openai-chat", "ws")],
+        )
+        undeclared, _ = setup(
+            server, mock, [("p2", "openai-chat", "ws"), ("p1", "openai-chat", "wm")]
+        )
+        clients = spread_clients(server, headers)
+        stored = server.http.get("/readyz").json()["configVersion"]
+        for client in clients:
+            # A worker loads its runtime on its first /v1 request; then it serves `stored`.
+            deadline = time.monotonic() + 10
+            while (
+                client.http.get("/v1/models").status_code != 200
+                or client.http.get("/healthz").json().get("configVersion") != stored
+            ):
+                assert time.monotonic() < deadline, "a worker did not load the config"
+                time.sleep(0.02)
+        before = metric(server, "ocx_malformed_frames_total", provider="p1")
+        chat = {"stream": True, "messages": [{"role": "user", "content": "hello"}]}
+        for client in clients:
+            r = client.http.post("/v1/chat/completions", json={"model": model, **chat})
+            assert r.status_code == 200, r.text
+            assert r.text.count("data: {not json\n\n") == 1
+            assert sse_events(r.text)[-1][1] == "[DONE]"
+            (attempt,) = logged(server, r)["attempts"]
+            assert attempt["malformedFrames"] == 1
+
+            body = {"model": undeclared, "tools": CHAT_TOOLS, **chat}
+            r = client.http.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+            assert r.headers["x-ocx-target"] == "p1/wm"
+            assert "stale_tool" not in r.text
+            reasons = [(a["outcome"], a["reason"]) for a in logged(server, r)["attempts"]]
+            assert reasons == [("hop", "undeclared_tool"), ("served", "")]
+        after = metric(server, "ocx_malformed_frames_total", provider="p1")
+        # One per malformed request, plus one per undeclared request's fallback to p1/wm.
+        assert after - before == 2 * len(clients)
+    finally:
+        for client in clients:
+            client.close()
+        stop()
