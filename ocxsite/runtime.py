@@ -288,12 +288,21 @@ class Runtime:
             metrics.REDIS_OUTAGES.inc()
         # Delivered only where the channel layer still works (it lives in Redis too): the
         # "back" event always is, and carries the outage's length.
+        # `message`: what the admin's live events list shows.
+        message = (
+            f"Redis unreachable ({detail.get('reason')}): a worker routes on its own copy of "
+            "the routing state"
+            if degraded
+            else f"Redis available again after {detail.get('outageS')} s: "
+            f"{detail.get('mergedStates')} state(s) merged back, shared routing resumed"
+        )
         self.emit(
             {
                 "kind": "dependency",
                 "dependency": "redis",
                 "status": "degraded" if degraded else "ok",
                 "at": int(time.time() * 1000),
+                "message": message,
                 **detail,
             },
             force=True,

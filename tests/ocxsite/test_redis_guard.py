@@ -115,3 +115,39 @@ def test_state_store_keeps_known_cooldowns_and_merges_back(redis_server: RedisSe
         await breaker.aclose()
 
     asyncio.run(run())
+
+
+def test_degraded_and_recovered_events_reach_ws_events_subscribers() -> None:
+    """The runtime's breaker listener: gauge, and an event with a message for the admin's
+    live events list (the channel layer here is the test run's own)."""
+    from channels.layers import get_channel_layer
+
+    from ocxsite import metrics
+    from ocxsite.events import EVENTS_GROUP
+    from ocxsite.runtime import Runtime
+
+    async def run() -> list[dict[str, object]]:
+        layer = get_channel_layer()
+        assert layer is not None
+        channel = await layer.new_channel()
+        await layer.group_add(EVENTS_GROUP, channel)
+        runtime = Runtime()
+        runtime._on_redis(True, {"reason": "ConnectionError"})
+        assert metrics.REDIS_DEGRADED._value.get() == 1  # type: ignore[attr-defined]
+        runtime._on_redis(False, {"outageS": 3.5, "mergedStates": 2})
+        assert metrics.REDIS_DEGRADED._value.get() == 0  # type: ignore[attr-defined]
+        got: list[dict[str, object]] = []
+        deadline = time.monotonic() + 5
+        while len(got) < 2 and time.monotonic() < deadline:
+            message = await asyncio.wait_for(layer.receive(channel), 5)
+            event = message["event"]
+            if event.get("kind") == "dependency":
+                got.append(event)
+        await layer.group_discard(EVENTS_GROUP, channel)
+        return got
+
+    degraded, back = asyncio.run(run())
+    assert degraded["status"] == "degraded" and degraded["dependency"] == "redis"
+    assert "Redis unreachable (ConnectionError)" in str(degraded["message"])
+    assert back["status"] == "ok" and back["mergedStates"] == 2
+    assert str(back["message"]).startswith("Redis available again after 3.5 s: 2 state(s)")
