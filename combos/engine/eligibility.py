@@ -18,6 +18,7 @@ apply (e.g. a pinned target whose provider is disabled is `pinned` and skipped a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -93,6 +94,11 @@ class TargetState:
         return self.skip is None
 
 
+@functools.lru_cache(maxsize=4096)
+def _available(key: str, fresh: bool) -> TargetState:
+    return TargetState(key, "available", None, detail="no quota data yet" if fresh else None)
+
+
 def credential_problem(
     provider: ProviderSpec, secret: str | None, *, caller_token: bool
 ) -> str | None:
@@ -128,6 +134,17 @@ def target_state(
     cooldown classifications by target key."""
     key = target.key
     provider = providers.get(target.provider)
+    if (
+        override is None
+        and provider is not None
+        and not provider.disabled
+        and access.missing is None
+        and (access.quota == "none" or access.quota == "available")
+        and key not in state.cooldowns
+        and key not in state.probes
+    ):
+        # The common case on the hot path: nothing applies, one shared value per target.
+        return _available(key, access.quota == "none")
     pinned = override == key
     skip: str | None = None
     shown: State | None = "pinned" if pinned else None
