@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -161,3 +162,35 @@ def test_events_page_listens_on_the_websocket(staff: Client) -> None:
     script = staff.get("/static/ocx/live.js")
     assert script.status_code == 200
     assert b"/ws/events" in b"".join(script.streaming_content)  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("REDIS_URL"), reason="needs REDIS_URL")
+def test_badges_read_the_shared_redis_state(
+    staff: Client, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With Redis the badges show what any worker wrote there (the store the router reads)."""
+    import asyncio
+    import uuid
+
+    from ocxsite.redis_state import RedisStateStore
+
+    settings.OCX_STATE_KEY_PREFIX = f"ocx-badges-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("K", "sk-badges")
+    _providers()
+    combo_set(
+        combo_id="main",
+        raw={"targets": [{"provider": "p1", "model": "m1"}, {"provider": "p2", "model": "m2"}]},
+    )
+    until = int(time.time() * 1000) + 60_000
+
+    async def write() -> None:
+        store = RedisStateStore(settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX)
+        try:
+            await store.update("main", lambda s: (ComboState(cooldowns={"p1/m1": until}), None))
+        finally:
+            await store.aclose()
+
+    asyncio.run(write())
+    page = staff.get("/admin/combos/combo/").content.decode()
+    assert 'class="ocx-badge ocx-cooling" data-target="p1/m1"' in page
+    assert "p2/m2: Available" in page
