@@ -167,7 +167,7 @@ def target_state(
         show("disabled")
     elif access.missing is not None:
         skip = f"{SKIP_CREDENTIAL}: {access.missing}"
-        detail = f"no credential: {access.missing}"
+        detail = f"no credential: {access.missing}" if pinned else access.missing
         show("no_credential")
     if skip is not None:
         if pinned:

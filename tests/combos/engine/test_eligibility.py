@@ -183,3 +183,18 @@ def test_selection_derives_from_target_state() -> None:
         "e/m": "cooling",
     }
     assert [(t.key, until) for t, until in el.cooling] == [("e/m", NOW + 1)]
+
+
+def test_details_name_the_cause_without_secrets() -> None:
+    def detail(**kwargs: object) -> str | None:
+        return target_state(T, now=NOW, state=EMPTY, **kwargs).detail  # type: ignore[arg-type]
+
+    assert detail(providers={"a": OK}, access=NO_KEY) == "environment variable A_KEY is not set"
+    assert detail(providers={"a": DISABLED}, override="a/m") == "pinned, but provider a is disabled"
+    assert detail(providers={"a": OK}, override="a/m", access=NO_KEY) == (
+        "pinned, but no credential: environment variable A_KEY is not set"
+    )
+    assert detail(providers={}) == "provider a is not configured"
+    assert detail(providers={"a": OK}, override="b/m") == (
+        "not used while the combo is pinned to b/m"
+    )
