@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,6 +26,7 @@ from ocxsite.budgets import (
     parse_cli_budget,
     period_bounds,
 )
+from tests.conftest import ROOT
 
 UTC = ZoneInfo("UTC")
 
@@ -277,3 +280,38 @@ async def test_refusal_names_the_budget_that_resets_last(gate: BudgetGate) -> No
     refusal = await gate.admit((day, week), now)
     assert refusal is not None and refusal.budget == week
     assert refusal.reset_ms == ms("2026-12-07T00:00:00+00:00")
+
+
+# --- OCX_TIME_ZONE --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("zone", ["Mars/Olympus_Mons", "../etc/passwd", "UTC+2"])
+def test_a_bad_time_zone_stops_the_start(zone: str, tmp_path: Any) -> None:
+    env = {**os.environ, "OCX_TIME_ZONE": zone, "OCX_DATA_DIR": str(tmp_path)}
+    env.pop("DATABASE_URL", None)
+    r = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert r.returncode != 0
+    assert (
+        f"OCX_TIME_ZONE must be an IANA time zone such as UTC or Europe/Berlin, got {zone!r}"
+        in r.stderr
+    )
+
+
+def test_a_good_time_zone_is_used_by_the_gate(tmp_path: Any) -> None:
+    env = {**os.environ, "OCX_TIME_ZONE": "Europe/Berlin", "OCX_DATA_DIR": str(tmp_path)}
+    env.pop("DATABASE_URL", None)
+    code = (
+        "import django; django.setup(); from ocxsite.budget_events import new_gate; "
+        "print(new_gate(lambda e: None, lambda: 0).tz_name)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**env, "DJANGO_SETTINGS_MODULE": "ocxsite.settings"},
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "Europe/Berlin"
