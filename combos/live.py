@@ -22,7 +22,7 @@ from combos.engine.state import ComboState, StateStore
 from quota.tracker import JsonStore, Record
 
 Pair = tuple[str, str]  # (provider, credential fingerprint)
-Source = Literal["redis", "this process", "none"]
+Source = Literal["redis", "this process", "none", "redis unreachable"]
 _QUOTA_PREFIX = "quota:"
 
 
@@ -45,6 +45,7 @@ class LiveSnapshot:
 
 
 NO_LIVE_STATE = LiveSnapshot("none")
+REDIS_UNREACHABLE = LiveSnapshot("redis unreachable")
 
 
 async def read(

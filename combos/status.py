@@ -327,6 +327,12 @@ NO_LIVE_STATE_NOTE = (
 )
 
 
+REDIS_UNREACHABLE_NOTE = (
+    "Redis (REDIS_URL) is unreachable: the live routing state cannot be read; the view below "
+    "is the configured one. Each worker routes on its own state meanwhile (GET /api/status)."
+)
+
+
 def status_report(combo_id: str | None = None, *, local: bool = True) -> dict[str, Any]:
     """`GET /api/status` (local: the server's own view) and `ocx status` (local=False)."""
     now = int(time.time() * 1000)
@@ -352,6 +358,8 @@ def status_report(combo_id: str | None = None, *, local: bool = True) -> dict[st
     }
     if live_state.source == "none":
         report["note"] = NO_LIVE_STATE_NOTE
+    elif live_state.source == "redis unreachable":
+        report["note"] = REDIS_UNREACHABLE_NOTE
     return report
 
 

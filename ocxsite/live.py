@@ -8,15 +8,19 @@ not the server without Redis gets `NO_LIVE_STATE`. Cooldown reasons come from th
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Mapping
 from dataclasses import replace
 from types import MappingProxyType
 
+import redis
 from asgiref.sync import async_to_sync
 from django.conf import settings
 
 from combos import live as combos_live
-from combos.live import NO_LIVE_STATE, LiveSnapshot
+from combos.live import NO_LIVE_STATE, REDIS_UNREACHABLE, LiveSnapshot
+
+log = logging.getLogger("ocx.status")
 
 REASON_SCAN_ROWS = 200
 
@@ -74,7 +78,12 @@ def _reasons(snapshot: LiveSnapshot) -> Mapping[str, Mapping[str, str]]:
 
 def load(combo_ids: Collection[str], local: bool) -> LiveSnapshot:
     if settings.OCX_REDIS_URL:
-        snapshot = async_to_sync(_read_redis)(combo_ids)
+        try:
+            snapshot = async_to_sync(_read_redis)(combo_ids)
+        except (redis.RedisError, OSError) as exc:
+            # Status still answers with the configured view, and says why it has no live state.
+            log.warning("cannot read the live routing state from Redis: %s", type(exc).__name__)
+            return REDIS_UNREACHABLE
     elif local:
         snapshot = async_to_sync(_read_local)(combo_ids)
     else:

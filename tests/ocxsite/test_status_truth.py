@@ -190,3 +190,31 @@ def test_without_redis_the_cli_says_it_cannot_see_the_server(server: Server, moc
     report = json.loads(ocx_status(server, c.id, "--json").stdout)
     assert report["liveState"] == "none"
     assert "GET /api/status" in report["note"]
+
+
+def test_ocx_status_with_redis_unreachable_says_so(tmp_path: Any) -> None:
+    env = {**os.environ, "OCX_DATA_DIR": str(tmp_path), "REDIS_URL": "redis://127.0.0.1:1/0"}
+    env.pop("DATABASE_URL", None)
+    run = [sys.executable, "-m", "ocxsite.cli"]
+    for args in (
+        [
+            "provider",
+            "set",
+            "lo",
+            "--adapter",
+            "openai-chat",
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+        ],
+        ["combo", "set", "main", "--targets", "lo/m1"],
+    ):
+        done = subprocess.run(run + args, cwd=ROOT, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    out = subprocess.run(
+        run + ["status", "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["liveState"] == "redis unreachable"
+    assert "unreachable" in report["note"]
+    assert report["combos"][0]["wouldServe"] == {"default": "lo/m1"}

@@ -44,8 +44,9 @@ class Command(BaseCommand):
         if options.get("json"):
             self.stdout.write(json.dumps(report, indent=2))
             return
-        if report["liveState"] == "none":
-            self.stdout.write(NO_LIVE_STATE_NOTE)
+        configured = report["liveState"] in ("none", "redis unreachable")
+        if configured:
+            self.stdout.write(report["note"])
             self.stdout.write("Configured view:")
         for combo in report["combos"]:
             self.stdout.write(f"{combo['model']}  mode {combo['mode']}  ({combo['strategy']})")
@@ -53,7 +54,7 @@ class Command(BaseCommand):
                 who = "" if credential == "default" else f" for credential {credential}"
                 wait = combo["waitFor"].get(credential)
                 after = f" (after waiting {wait['ms']} ms for {wait['target']})" if wait else ""
-                if report["liveState"] == "none":
+                if configured:
                     # No live state: the first choice by configuration alone, not a prediction.
                     self.stdout.write(f"  configured first choice{who} → {target or 'none'}")
                 else:
