@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from combos.status import NO_LIVE_STATE_NOTE, status_report
+from combos.status import status_report
 
 USAGE = """\
 ocx status [COMBO] [--json]
