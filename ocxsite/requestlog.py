@@ -3,18 +3,24 @@ written in batches off the hot path, with a retention."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+from django.db import Error as DbError
+from django.db import connection, transaction
+from django.db.models import CharField
 from django.utils import timezone
 
 from ocxsite import metrics
 from ocxsite.background import BatchWriter
 
 RETENTION_EVERY_S = 600.0
+log = logging.getLogger("ocx.requestlog")
 
 
 @dataclass
@@ -46,33 +52,56 @@ class RequestEntry:
 _last_retention = 0.0
 _last_usage_compact = 0.0
 _NOT_LOGGED = ("reasoning_tokens", "key_id", "ttft_ms")
+_limits: dict[str, int] = {}
 
 
 def write_entries(entries: list[RequestEntry]) -> None:
-    # The usage rollups are written even if the request log write fails (and vice versa).
-    try:
+    # The log rows and the usage counts of a batch commit together: a batch kept and retried
+    # while the database is unreachable is then neither half written nor counted twice.
+    with transaction.atomic():
         if settings.OCX_REQUEST_LOG:
             _write_log(entries)
-    finally:
         if settings.OCX_USAGE:
-            _write_usage(entries)
+            from usage import services as usage_services
+
+            usage_services.record_requests(records=entries)
+    _housekeeping()
 
 
-def _write_usage(entries: list[RequestEntry]) -> None:
-    from usage import services as usage_services
-
-    global _last_usage_compact
-    usage_services.record_requests(records=entries)
+def _housekeeping() -> None:
+    """Retention and usage downsampling when due. Runs after the batch committed, so a failure
+    here is logged and tried again later, never a reason to write the batch again."""
+    global _last_retention, _last_usage_compact
     now = time.monotonic()
-    if now - _last_usage_compact > RETENTION_EVERY_S:
-        _last_usage_compact = now
-        usage_services.compact(now=timezone.now(), retention_days=settings.OCX_USAGE_RETENTION_DAYS)
+    try:
+        if settings.OCX_REQUEST_LOG and now - _last_retention > RETENTION_EVERY_S:
+            _last_retention = now
+            from ocxsite.models import RequestLog
+
+            cutoff = timezone.now() - dt.timedelta(days=settings.OCX_REQUEST_LOG_RETENTION_DAYS)
+            RequestLog.objects.filter(at__lt=cutoff).delete()
+        if settings.OCX_USAGE and now - _last_usage_compact > RETENTION_EVERY_S:
+            _last_usage_compact = now
+            from usage import services as usage_services
+
+            usage_services.compact(
+                now=timezone.now(), retention_days=settings.OCX_USAGE_RETENTION_DAYS
+            )
+    except DbError:
+        log.exception("request log: retention or usage downsampling failed; tried again later")
+        with contextlib.suppress(DbError):
+            connection.close()
 
 
 def _write_log(entries: list[RequestEntry]) -> None:
     from ocxsite.models import RequestLog
 
-    global _last_retention
+    if not _limits:
+        _limits.update(
+            (f.name, f.max_length)
+            for f in RequestLog._meta.concrete_fields
+            if isinstance(f, CharField) and f.max_length
+        )
     rows = []
     for e in entries:
         # A shallow copy: entries are never touched once queued (`asdict` deep-copies, a third
@@ -80,14 +109,13 @@ def _write_log(entries: list[RequestEntry]) -> None:
         data = dict(vars(e))
         for name in _NOT_LOGGED:
             del data[name]
+        for name, limit in _limits.items():
+            # A client-chosen model name longer than the column must not fail the batch.
+            if len(data[name]) > limit:
+                data[name] = data[name][:limit]
         data["at"] = dt.datetime.fromtimestamp(e.at, tz=dt.UTC)
         rows.append(RequestLog(**data))
     RequestLog.objects.bulk_create(rows)
-    now = time.monotonic()
-    if now - _last_retention > RETENTION_EVERY_S:
-        _last_retention = now
-        cutoff = timezone.now() - dt.timedelta(days=settings.OCX_REQUEST_LOG_RETENTION_DAYS)
-        RequestLog.objects.filter(at__lt=cutoff).delete()
 
 
 def new_writer() -> BatchWriter[RequestEntry]:

@@ -66,12 +66,13 @@ def aggregate(records: Iterable[UsageRecord]) -> dict[RowKey, list[int]]:
     for r in records:
         key = (
             int(r.at) // MINUTE * MINUTE,
-            r.user,
+            # Cut to the columns (a client-chosen model name can be longer).
+            r.user[:150],
             r.key_id or 0,
-            r.key_prefix,
-            r.combo,
-            r.target,
-            r.requested_model,
+            r.key_prefix[:16],
+            r.combo[:64],
+            r.target[:512],
+            r.requested_model[:256],
             status_class(r.status),
         )
         c = rows.get(key)

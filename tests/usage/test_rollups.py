@@ -272,3 +272,36 @@ def test_ocx_usage_command_table_json_csv(capsys: pytest.CaptureFixture[str]) ->
     call_command("usage", "--by", "user", "--since", "1h", "--csv")
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert [r["user"] for r in rows] == ["ann", "bob-the-long-name"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_commits_log_and_usage_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch the writer keeps and retries (database unreachable) is counted exactly once: the
+    log rows and the usage counts commit together. A model name longer than the columns is cut,
+    never a reason to lose the batch."""
+    from django.db import OperationalError
+
+    from ocxsite import requestlog
+    from ocxsite.models import RequestLog
+
+    long_model = "m" * 300
+    now = dt.datetime.now(dt.UTC)  # within both retentions
+    batch = [entry(at=now), entry(at=now, user="bob")]
+    batch[1].requested_model = long_model
+
+    def unreachable(**_: Any) -> int:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(services, "record_requests", unreachable)
+    with pytest.raises(OperationalError):
+        requestlog.write_entries(batch)
+    assert RequestLog.objects.count() == 0 and UsageRollup.objects.count() == 0
+    monkeypatch.undo()
+    requestlog.write_entries(batch)  # the retry
+    assert RequestLog.objects.count() == 2
+    assert sorted((r.user, r.requests) for r in UsageRollup.objects.all()) == [
+        ("ann", 1),
+        ("bob", 1),
+    ]
+    assert RequestLog.objects.get(user="bob").requested_model == "m" * 256
+    assert UsageRollup.objects.get(user="bob").model == "m" * 256
