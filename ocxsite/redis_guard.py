@@ -44,6 +44,11 @@ R = TypeVar("R")
 # redis-py's), a read-only replica or any other server error.
 REDIS_ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, OSError, TimeoutError)
 BACKOFF_S = (0.25, 5.0)  # first and longest pause between probes of a degraded Redis
+# A refused connection or a Redis error opens the breaker at once; timeouts only when several
+# come close together (a frozen Redis times out every call; one slow call under a CPU spike
+# is not an outage). The call that timed out falls back to the local copy either way.
+TIMEOUTS_TO_TRIP = 3
+TIMEOUT_WINDOW_S = 2.0
 RESYNC_TIMEOUT_S = 10.0
 
 Listener = Callable[[bool, dict[str, object]], None]
@@ -75,6 +80,7 @@ class RedisBreaker:
             url, socket_timeout=max(timeout_s, 1.0), socket_connect_timeout=max(timeout_s, 1.0)
         )
         self._probe: asyncio.Task[None] | None = None
+        self._timeouts: list[float] = []
 
     @property
     def open(self) -> bool:
@@ -90,6 +96,13 @@ class RedisBreaker:
         try:
             async with asyncio.timeout(self.timeout_s):
                 return True, await op()
+        except TimeoutError as exc:
+            now = time.monotonic()
+            self._timeouts = [t for t in self._timeouts if now - t < TIMEOUT_WINDOW_S] + [now]
+            if len(self._timeouts) >= TIMEOUTS_TO_TRIP:
+                self._timeouts.clear()
+                self.trip(exc)
+            return False, None
         except REDIS_ERRORS as exc:
             self.trip(exc)
             return False, None
