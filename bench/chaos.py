@@ -124,6 +124,7 @@ def markdown(r: dict[str, Any], git: dict[str, Any], note: str) -> str:
         f"| truncated answers presented as success | {r['truncated_as_success_total']} |",
         f"| client aborts (deliberate) | {c.get('client_aborted', 0)} |",
         f"| time to resync after Redis returned | {r.get('resync_s')} s |",
+        f"| degraded spells logged by the workers (all causes) | {r.get('redis_spells_total')} |",
         f"| worker RSS total start → end (MB) | {r.get('rss_mb_start')} → {r.get('rss_mb_end')} |",
         f"| worker open fds total start → end | {r.get('fds_start')} → {r.get('fds_end')} |",
         f"| workers alive at the end | {r.get('workers_end')} |",
@@ -268,16 +269,22 @@ async def _run(args: argparse.Namespace, rng: random.Random, redis_server: Any, 
                 bench.log(f"chaos: {len(outcomes)} requests so far")
 
     async def faults() -> None:
+        marks = (0, 0)
         for at, event in plan(args.minutes):
             await asyncio.sleep(max(0.0, started + at - time.monotonic()))
             detail = ""
             if event == "redis-stop":
+                # Counted from here: a worker may also have had a short spell of its own before.
+                marks = (_log_lines("redis unavailable"), _log_lines("redis available again"))
                 await asyncio.to_thread(redis_server.stop)
             elif event == "redis-start":
-                lost = _log_lines("redis unavailable")
+                lost = _log_lines("redis unavailable") - marks[0]
                 await asyncio.to_thread(redis_server.start)
                 back = time.monotonic()
-                while _log_lines("redis available again") < lost and time.monotonic() < stop_at:
+                while (
+                    _log_lines("redis available again") - marks[1] < lost
+                    and time.monotonic() < stop_at
+                ):
                     await asyncio.sleep(0.1)
                 resync["s"] = round(time.monotonic() - back, 2)
                 detail = f"{lost} worker(s) had lost Redis; all merged back in {resync['s']} s"
@@ -302,6 +309,7 @@ async def _run(args: argparse.Namespace, rng: random.Random, redis_server: Any, 
     await asyncio.to_thread(pull_log)
     workers_end = _workers(proc.pid)
     resources = {
+        "redis_spells_total": _log_lines("redis unavailable"),
         "resync_s": resync.get("s"),
         "rss_mb_start": round(rss_start / 2**20, 1),
         "rss_mb_end": round(bench.rss_bytes(workers_end) / 2**20, 1),
