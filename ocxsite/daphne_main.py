@@ -90,8 +90,10 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 
 def _when_running() -> None:
-    # Replaces Twisted's own SIGTERM handling (stop at once, cancelling every request).
+    # Replaces Twisted's own handling (stop at once, cancelling every request); SIGINT too, as
+    # Ctrl-C in a terminal reaches the workers as well as `ocx serve`.
     signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGINT, _on_sigterm)
     ready_fd = os.environ.pop("OCX_READY_FD", None)
     if ready_fd:
         # Tells `ocx serve` this worker accepts connections (a SIGHUP reload waits for it).

@@ -90,11 +90,15 @@ class Supervisor:
         self.env = env
         self.extras = extras or []
         self.on_exit = on_exit  # pid of a worker gone for good (prometheus multiprocess files)
-        self.slots = [Slot(self.spawn()) for _ in range(count)]
         self.retiring: list[Worker] = []
         self.stopping = False
         self.reload = False
         self.ever_ready = False
+        # Before the first worker starts: a SIGHUP's default action would end the parent.
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        signal.signal(signal.SIGHUP, self._hup)
+        self.slots = [Slot(self.spawn()) for _ in range(count)]
 
     def spawn(self) -> Worker:
         read_fd, write_fd = os.pipe()
@@ -113,9 +117,6 @@ class Supervisor:
         return Worker(proc, read_fd, time.monotonic())
 
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, self._stop)
-        signal.signal(signal.SIGINT, self._stop)
-        signal.signal(signal.SIGHUP, self._hup)
         code = 0
         try:
             while not self.stopping:
