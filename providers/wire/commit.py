@@ -8,6 +8,11 @@ a bare `error` event, a Chat chunk with an `error` object) answers `FAILED` with
 `StreamFailure` for the attempt loop to classify (hop or stop). After commit the scanner keeps
 watching the same stream so `end_state()` tells a clean end from an upstream failure or a
 truncation; `terminal_error_frame()` gives the explicit terminal error to send in the latter case.
+
+A stream is judged by its content (PRODUCT §5.4): once its terminal signal is seen (Chat
+`finish_reason`, `response.completed`/`incomplete`, `message_stop`), a missing `[DONE]`, a cut
+or a stall after it does not make it a truncation (`terminal_seen`). A frame whose data is not
+JSON is `MALFORMED`: neither output nor terminal, so it never commits on its own.
 """
 
 from __future__ import annotations

@@ -205,6 +205,43 @@ def test_no_terminal_signal_at_all_is_a_cut(
     assert [a["outcome"] for a in entry["attempts"]] == ["failed_after_commit"]
 
 
+@pytest.mark.parametrize(
+    ("adapter", "api", "after"),
+    [
+        # Responses: 4 lifecycle + 3 deltas + 3 done events + response.completed = 11.
+        ("openai-responses", "responses", 11),
+        ("openai-responses", "chat", 11),
+        # Chat: role, 3 content chunks, the finish_reason chunk = 5 (no usage, no [DONE]).
+        ("openai-chat", "chat", 5),
+        ("openai-chat", "responses", 5),
+    ],
+)
+def test_cut_after_the_terminal_signal_is_complete(
+    server: Server, mock: Mock, adapter: str, api: str, after: int
+) -> None:
+    model_name = f"ca{adapter[7:11]}{api}"
+    mock.script(model_name, [{"cut_after_events": after}])
+    model, headers = setup(server, mock, [("p1", adapter, model_name)])
+    r = ask(server, api, model, headers, stream=True)
+    assert_complete(api, r, f"mock reply from {model_name}")
+    (attempt,) = logged(server, r)["attempts"]
+    assert attempt["outcome"] == "served"
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_quiet_after_finish_reason_ends_as_complete_at_idle(
+    server: Server, mock: Mock, api: str
+) -> None:
+    # Finish and usage chunks, then the upstream holds the connection without `[DONE]`.
+    model_name = f"qf{api}"
+    mock.script(model_name, [{"stall_after_events": 6}])
+    model, headers = setup(server, mock, [("p1", "openai-chat", model_name)])
+    started = time.monotonic()
+    r = ask(server, api, model, headers, stream=True)
+    assert time.monotonic() - started < 2.0 + 1.5  # idleMs 2000, then a normal end
+    assert_complete(api, r, f"mock reply from {model_name}")
+
+
 # ---------------------------------------------------------------------------------------------
 # 2. Malformed frames: forwarded in pass-through, an explicit error when translated
 
