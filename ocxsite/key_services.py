@@ -15,7 +15,7 @@ from django.db import transaction
 
 from combos import selectors
 from combos.engine.validate import resolve_model
-from ocxsite.budgets import BudgetError, budgets_json, parse_budgets
+from ocxsite.budgets import BudgetError, budgets_json, parse_budgets, stored_budgets
 from ocxsite.models import ClientKey, UserBudget
 from providers.models import Provider
 
@@ -111,3 +111,8 @@ def user_budgets_set(*, username: str, budgets: object) -> UserBudget | None:
         row.full_clean()
         row.save()
     return row
+
+
+def user_budgets_get(*, username: str) -> list[dict[str, object]]:
+    row = UserBudget.objects.filter(user__username=username).first()
+    return budgets_json(stored_budgets(row.budgets)) if row is not None else []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, Router, Schema
 from ninja.errors import HttpError
@@ -15,7 +16,7 @@ from pydantic.config import JsonDict
 
 from ocxsite import access, key_services
 from ocxsite.budgets import stored_budgets
-from ocxsite.models import ClientKey
+from ocxsite.models import ClientKey, UserBudget
 
 router = Router(tags=["keys"])
 USER_MAX = 150  # django.contrib.auth's username length
@@ -133,6 +134,40 @@ def create_key(
     )
     # The secret is shown here once and never again.
     return 201, {**_listed(key), "key": secret}
+
+
+class UserBudgetsIn(Schema):
+    budget: dict[str, Any] | None = Field(None, description="one budget; null removes them")
+    budgets: list[dict[str, Any]] | None = Field(None, description="replaces the list")
+
+
+def _user_budgets(row: UserBudget) -> dict[str, object]:
+    return {
+        "user": row.user.get_username(),
+        "budgets": [b.to_json() for b in stored_budgets(row.budgets)],
+    }
+
+
+@router.get("/user-budgets", operation_id="list_user_budgets")
+def list_user_budgets(request: HttpRequest) -> dict[str, object]:
+    """Every user with budgets (shared by all their keys)."""
+    return {"users": [_user_budgets(r) for r in UserBudget.objects.select_related("user")]}
+
+
+@router.put("/user-budgets/{username}", operation_id="set_user_budgets")
+def set_user_budgets(
+    request: HttpRequest, username: str, payload: UserBudgetsIn
+) -> dict[str, object]:
+    """Replace a user's budgets; `{"budgets": []}` or `{"budget": null}` removes them."""
+    if "\x00" in username:
+        raise HttpError(400, "user must not contain NUL characters")
+    given, value = _budgets(payload)
+    if not given:
+        raise HttpError(400, "give budget or budgets")
+    if not get_user_model().objects.filter(username=username).exists():
+        raise HttpError(404, f"no user {username}")
+    key_services.user_budgets_set(username=username, budgets=value)
+    return {"user": username, "budgets": key_services.user_budgets_get(username=username)}
 
 
 @router.patch("/{key_id}", operation_id="update_key")

@@ -207,6 +207,34 @@ def test_a_key_whose_budget_provider_was_removed_can_still_be_edited(api: Api) -
     assert r.json() == {"error": "budgets[0].provider: unknown provider gone"}
 
 
+def test_user_budgets_through_the_api(api: Api) -> None:
+    created = api.post({"user": "judy"}).json()
+    url = f"{URL}/user-budgets/judy"
+    body = {"budgets": [{"tokens": 5000, "period": "month"}]}
+    r = api.client.put(url, json.dumps(body), "application/json", **api.auth)
+    assert r.status_code == 200, r.content
+    assert r.json() == {"user": "judy", "budgets": [{"tokens": 5000, "period": "month"}]}
+    r = api.client.get(f"{URL}/user-budgets", **api.auth)
+    assert r.json() == {"users": [{"user": "judy", "budgets": body["budgets"]}]}
+    info = next(i for i in client_keys_active().values() if i.id == created["id"])
+    assert [(b.kind, b.owner, b.budget.to_json()) for b in info.budgets] == [
+        ("user", "user judy", {"tokens": 5000, "period": "month"})
+    ]
+    bad = {"budget": {"windowPercent": 5, "provider": "nope"}}
+    r = api.client.put(url, json.dumps(bad), "application/json", **api.auth)
+    assert r.status_code == 400 and r.json() == {"error": "budget.provider: unknown provider nope"}
+    r = api.client.put(
+        f"{URL}/user-budgets/nobody", json.dumps(body), "application/json", **api.auth
+    )
+    assert r.status_code == 404 and r.json() == {"error": "no user nobody"}
+    r = api.client.put(url, "{}", "application/json", **api.auth)
+    assert r.status_code == 400 and r.json() == {"error": "give budget or budgets"}
+    assert UserBudget.objects.get().budgets == body["budgets"]  # refused writes changed nothing
+    r = api.client.put(url, json.dumps({"budget": None}), "application/json", **api.auth)
+    assert r.status_code == 200 and r.json() == {"user": "judy", "budgets": []}
+    assert not UserBudget.objects.exists()
+
+
 # --- CLI ------------------------------------------------------------------------------------------
 
 
