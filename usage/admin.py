@@ -9,10 +9,10 @@ from usage.models import UsageRollup
 
 # The exports the usage page links (the management API accepts a staff session).
 EXPORTS = (
-    ("Per user, last 7 days", "by=user&since=7d"),
-    ("Per user and model, last 30 days", "by=user,model&since=30d"),
-    ("Per key, last 7 days", "by=key&since=7d"),
-    ("Per target, last 24 hours", "by=target&since=24h"),
+    ("users 7d", "by=user&since=7d"),
+    ("users × models 30d", "by=user,model&since=30d"),
+    ("keys 7d", "by=key&since=7d"),
+    ("targets 24h", "by=target&since=24h"),
 )
 
 
@@ -42,6 +42,10 @@ class UsageRollupAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        # Counts are removed by retention only: a deleted row would silently lower totals.
         return False
 
     def changelist_view(

@@ -42,6 +42,8 @@ def test_admin_usage_page_links_csv_for_the_session() -> None:
     html = page.content.decode()
     assert 'href="/api/usage?format=csv&amp;by=user&amp;since=7d"' in html
     assert "ann" in html
+    # Read-only: no delete action (only the retention removes counts).
+    assert "delete_selected" not in html
     export = client.get("/api/usage?format=csv&by=user&since=7d")
     assert export.status_code == 200
     assert export["content-disposition"] == 'attachment; filename="ocx-usage.csv"'
