@@ -37,16 +37,16 @@ examples:
   ocx key set 3 --budget tokens=100k/day         # replaces key 3's budgets
   ocx key set 3 --budget none --rpm none         # removes them and the rpm limit
   ocx key user-budget alice --budget tokens=5M/month   # shared by all of alice's keys
-budget SPEC: tokens=N/day|week|month (N may end in k or M; calendar periods in OCX_TIME_ZONE)
-             window=P%/PROVIDER (at most P points of each quota window of that provider)
   ocx key list
   ocx key revoke 3
+budget SPEC: tokens=N/day|week|month (N may end in k or M; calendar periods in OCX_TIME_ZONE)
+             window=P%/PROVIDER (at most P points of each quota window of that provider)
 Codex sends the key as its bearer token: export OCX_API_KEY=ocx_... (env_key in config.toml).
 """
 
 
 class Command(BaseCommand):
-    help = "Create, list and revoke client keys."
+    help = "Create, list, change and revoke client keys; set key and user budgets."
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         # `ocx key --help`: the usage and examples below (ocxsite/cli.py prints them).
