@@ -609,7 +609,11 @@ async def _stream(
     broken: StreamFailure | None = None
     undeclared: str | None = None
     usage: Usage | None = None
-    malformed = 0
+    cut_malformed = 0  # translated streams stop at their first malformed frame
+
+    def bad_frames() -> int:
+        # A pass-through forwards every malformed frame; the scanner counted them as it read.
+        return scanner.malformed if translator is None else cut_malformed
 
     def translate(events: tuple[SSEEvent, ...]) -> bytes:
         if translator is None:
@@ -637,27 +641,29 @@ async def _stream(
 
     def failed_before_commit(tool: str | None) -> Outcome:
         if tool is not None:
-            return Outcome(False, _undeclared(tool), cool=False, malformed=malformed)
+            return Outcome(False, _undeclared(tool), cool=False, malformed=bad_frames())
         return Outcome(
             False,
             Failure(
                 status=502, transport="malformed", message="upstream sent malformed stream data"
             ),
-            malformed=malformed,
+            malformed=bad_frames(),
         )
 
     try:
         async for chunk in _chunks(resp, first_byte_ms, idle_ms):
             decision = scanner.feed(chunk)
-            malformed += len(_malformed(decision.events))
             if decision.phase is Phase.FAILED:
                 assert decision.failure is not None
+                if translator is not None and _malformed_at(decision.events) is not None:
+                    cut_malformed = 1  # Anthropic: malformed data is a failure frame
                 return Outcome(
-                    False, _failure_from_stream(decision.failure, "error"), malformed=malformed
+                    False, _failure_from_stream(decision.failure, "error"), malformed=bad_frames()
                 )
             usage = _scan_usage(decision.events, usage)
             cut = cut_at(decision.events)
             if cut is not None:
+                cut_malformed = int(cut[2] is None)
                 # Before output this is a failed attempt (hop); after commit the client gets
                 # what preceded it, then an explicit terminal error (PRODUCT §5.4).
                 good = decision.events[: cut[0]]
@@ -684,7 +690,7 @@ async def _stream(
             return Outcome(
                 False,
                 Failure(transport=kind, message="Upstream sent no output before the timeout"),
-                malformed=malformed,
+                malformed=bad_frames(),
             )
         # After its terminal signal a stream that goes quiet is complete (judged by content).
         if not scanner.terminal_seen:
@@ -694,22 +700,24 @@ async def _stream(
             return Outcome(
                 False,
                 Failure(transport="reset", message="Upstream connection was cut"),
-                malformed=malformed,
+                malformed=bad_frames(),
             )
         if not scanner.terminal_seen:
             broken = truncation_failure("connection was cut")
     if broken is None:
         decision = scanner.finish()
         usage = _scan_usage(decision.events, usage)
-        malformed += len(_malformed(decision.events))
         if not committed and decision.phase is Phase.FAILED:
             assert decision.failure is not None
+            if translator is not None and _malformed_at(decision.events) is not None:
+                cut_malformed = 1
             return Outcome(
-                False, _failure_from_stream(decision.failure, "error"), malformed=malformed
+                False, _failure_from_stream(decision.failure, "error"), malformed=bad_frames()
             )
         events = decision.events
         cut = cut_at(events)
         if cut is not None:
+            cut_malformed = int(cut[2] is None)
             events = events[: cut[0]]
             broken, undeclared = cut[1], cut[2]
             if not committed and not _commits(upstream, events):
@@ -737,7 +745,7 @@ async def _stream(
                 _failure_from_stream(sf, "response.failed"),
                 status=200,
                 usage=usage,
-                malformed=malformed,
+                malformed=bad_frames(),
             )
     if broken is not None:
         if translator is not None:
@@ -752,7 +760,7 @@ async def _stream(
             failure,
             status=200,
             usage=usage,
-            malformed=malformed,
+            malformed=bad_frames(),
             cool=undeclared is None,
         )
     if translator is not None:
@@ -760,4 +768,4 @@ async def _stream(
     elif upstream == "chat" and not scanner.done_seen:
         # A Chat stream complete without its `[DONE]` trailer: the client still gets one.
         await responder.write(DONE_FRAME)
-    return Outcome(True, status=200, usage=usage, malformed=malformed)
+    return Outcome(True, status=200, usage=usage, malformed=bad_frames())

@@ -390,6 +390,8 @@ class CommitScanner:
         self._failure: StreamFailure | None = None
         self._events: list[SSEEvent] = []
         self._end = _EndTracker(protocol, self.failure_of)
+        # Frames classified MALFORMED so far (counted here: every frame is decoded once).
+        self.malformed = 0
 
     def classify(self, event: SSEEvent) -> EventClass:
         """The commit-rule class of one frame (overridden per protocol)."""
@@ -482,7 +484,10 @@ class CommitScanner:
             self._end.close(cut=True)
             return ()
         for event in events:
-            self._end.observe(self.classify(event), event)
+            cls = self.classify(event)
+            if cls is EventClass.MALFORMED:
+                self.malformed += 1
+            self._end.observe(cls, event)
         return events
 
     def _inspect(self, events: tuple[SSEEvent, ...], idle_reason: str) -> Decision:
@@ -491,6 +496,8 @@ class CommitScanner:
             self._events.extend(events)
         for event in events:
             cls = self.classify(event)
+            if cls is EventClass.MALFORMED:
+                self.malformed += 1
             if self._phase is Phase.BUFFERING:
                 if cls is EventClass.FAILURE or (
                     cls is EventClass.DONE and not self._end.finish_seen

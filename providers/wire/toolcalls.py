@@ -150,9 +150,7 @@ def undeclared_in_frame(
 ) -> str | None:
     """The first undeclared tool one stream frame calls, else None. A cheap byte test first:
     only frames that can carry a call are decoded."""
-    if declared is None or not event.has_data or event.is_done:
-        return None
-    if b'"name"' not in event.raw:
+    if declared is None or b'"name"' not in event.raw or not event.has_data:
         return None
     try:
         payload = json.loads(event.data)
@@ -170,7 +168,8 @@ def undeclared_at(
     if declared is None:
         return None
     for i, event in enumerate(events):
-        name = undeclared_in_frame(protocol, event, declared)
-        if name is not None:
-            return i, name
+        if b'"name"' in event.raw:  # the cheap test inline: this runs for every frame
+            name = undeclared_in_frame(protocol, event, declared)
+            if name is not None:
+                return i, name
     return None

@@ -512,3 +512,13 @@ def test_runaway_frame_after_finish_is_still_a_cut() -> None:
     scanner.feed(b"data: " + b"x" * 100)
     scanner.finish()
     assert scanner.end_state() is EndState.TRUNCATED
+
+
+def test_scanner_counts_malformed_frames_before_and_after_commit() -> None:
+    scanner = CommitScanner("chat")
+    scanner.feed(frame("{not json") + chunk(content="Hi"))
+    scanner.feed(frame("also bad") + finish_chunk())
+    scanner.feed(b"data: {trailing")
+    scanner.finish()
+    assert scanner.malformed == 3
+    assert scanner.end_state() is EndState.COMPLETED
