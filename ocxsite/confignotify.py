@@ -92,21 +92,23 @@ def decode(data: bytes | str) -> Notice | None:
 # --- the write side (any thread that committed a write) ------------------------------------
 
 _client_lock = threading.Lock()
-_client: Any = None
+_client: Any = None  # (url, client): one connection pool per process, shared by its threads
 
 
 def _redis() -> Any:
     global _client
+    url: str = settings.OCX_REDIS_URL or ""
     with _client_lock:
-        if _client is None:
+        if _client is None or _client[0] != url:
             import redis
 
-            _client = redis.Redis.from_url(
-                settings.OCX_REDIS_URL,
-                socket_connect_timeout=0.5,
-                socket_timeout=ACK_WAIT_S + 1.0,
+            _client = (
+                url,
+                redis.Redis.from_url(
+                    url, socket_connect_timeout=0.5, socket_timeout=ACK_WAIT_S + 1.0
+                ),
             )
-        return _client
+        return _client[1]
 
 
 def publish(config_version: int, keys_version: int, *, wait_s: float = ACK_WAIT_S) -> int:

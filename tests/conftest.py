@@ -170,7 +170,8 @@ class Server:
         r = self.api.post("/api/keys", json={"user": user, **extra})
         assert r.status_code == 201, r.text
         key: str = r.json()["key"]
-        # Workers reload their key map within a poll interval: wait until this one is known.
+        # The answer comes after every worker reloaded its key map (docs/operations.md); the
+        # wait stays for servers whose Redis a test has taken away (then the poll brings it).
         deadline = time.monotonic() + 5
         while self.http.get("/v1/models", headers={"x-ocx-key": key}).status_code == 401:
             assert time.monotonic() < deadline, "the new client key was not picked up"

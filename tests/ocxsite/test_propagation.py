@@ -268,12 +268,14 @@ def test_every_worker_serves_a_write_at_once(still_workers: Server, mock: Mock) 
 
 @needs_redis
 def test_revocation_reaches_every_worker_at_once(still_workers: Server, mock: Mock) -> None:
-    """Revoked through the API, and through the CLI (another process), a key is refused by
-    every worker as soon as the revocation returns; so is a model disabled by `config load`."""
+    """Revoked through the API or the CLI (another process), or its user deactivated, a key is
+    refused by every worker as soon as the write returns; so is a model disabled by
+    `config load`."""
     server = still_workers
     server.reset()
     server.put_provider("m", upstream(mock))
-    for how in ("api", "cli"):
+    ocx(server, "user", "create", "rev-user", "--no-password")
+    for how in ("api", "cli", "user"):
         key = new_key(server, f"rev-{how}")
         clients = spread_clients(server, {"Authorization": f"Bearer {key}"})
         try:
@@ -281,8 +283,10 @@ def test_revocation_reaches_every_worker_at_once(still_workers: Server, mock: Mo
                 assert client.http.get("/v1/models").status_code == 200
             if how == "api":
                 assert server.api.delete(f"/api/keys/{key_id(server, key)}").status_code == 200
-            else:
+            elif how == "cli":
                 ocx(server, "key", "revoke", str(key_id(server, key)))
+            else:
+                ocx(server, "user", "deactivate", f"rev-{how}")
             for client in clients:
                 r = client.http.get("/v1/models")
                 assert r.status_code == 401, (how, client.pid)
