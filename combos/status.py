@@ -241,8 +241,13 @@ def iso(ms: int | None) -> str | None:
 
 
 def label(ts: TargetState) -> str:
-    """The badge text: "Cooling until …", "Available", "No credential" …"""
-    return LABELS[ts.state].format(until=iso(ts.until) or "?")
+    """The badge text: "Cooling until 2026-01-02 03:04:05 UTC", "Available", "No credential" …"""
+    until = "?"
+    if ts.until is not None:
+        until = dt.datetime.fromtimestamp(ts.until / 1000, tz=dt.UTC).strftime(
+            "%Y-%m-%d %H:%M:%S UTC"
+        )
+    return LABELS[ts.state].format(until=until)
 
 
 def state_json(ts: TargetState) -> dict[str, Any]:

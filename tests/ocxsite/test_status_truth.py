@@ -152,7 +152,8 @@ def test_ocx_status_sees_the_cooldown_the_server_set(server: Server, mock: Mock)
     assert combo["wouldServe"] == {"default": c.fallback_target}
     cooling = combo["targets"][0]
     assert (cooling["state"], cooling["until"]) == ("cooling", served_view["targets"][0]["until"])
-    assert cooling["label"] == f"Cooling until {cooling['until']}"
+    shown = cooling["until"][:19].replace("T", " ")  # the label's whole seconds, in UTC
+    assert cooling["label"] == f"Cooling until {shown} UTC"
     # The router really skips it: the next request goes straight to the fallback.
     r = ask(server, c)  # type: ignore[arg-type]
     assert served(r) == c.fallback_target and r.headers["x-ocx-attempts"] == "1"
