@@ -31,9 +31,7 @@ class ClientKey(models.Model):
 class UserBudget(models.Model):
     """A user's budgets, shared by all their keys (ocxsite.budgets)."""
 
-    user = models.OneToOneField(
-        settings.AUTH_USER_MODEL, models.CASCADE, related_name="ocx_budget"
-    )
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, models.CASCADE, related_name="ocx_budget")
     budgets = models.JSONField(default=list, blank=True, validators=[validate_budgets])
     updated = models.DateTimeField(auto_now=True)
 
