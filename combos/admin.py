@@ -100,7 +100,7 @@ def _all_out_of_quota(targets: list[dict[str, Any]]) -> str | None:
     from quota import windows as qw
 
     now = int(time.time() * 1000)
-    records = live.load(()).records
+    records = live.load((), reasons=False).records
     providers = {
         p.name: p for p in Provider.objects.filter(name__in=[t["provider"] for t in targets])
     }

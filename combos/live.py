@@ -66,8 +66,9 @@ async def read(
     return LiveSnapshot(source, MappingProxyType(states), MappingProxyType(records))
 
 
-# (combo ids, local) -> snapshot; `local` False: never this process's own memory stores.
-Loader = Callable[[Collection[str], bool], LiveSnapshot]
+# (combo ids, local, reasons) -> snapshot; `local` False: never this process's own memory
+# stores; `reasons` False: skip looking up the cooldowns' classifications.
+Loader = Callable[[Collection[str], bool, bool], LiveSnapshot]
 _loader: Loader | None = None
 
 
@@ -77,8 +78,8 @@ def register(loader: Loader) -> None:
     _loader = loader
 
 
-def load(combo_ids: Collection[str], *, local: bool = True) -> LiveSnapshot:
+def load(combo_ids: Collection[str], *, local: bool = True, reasons: bool = True) -> LiveSnapshot:
     """The live state of `combo_ids` and all quota records (see the module doc)."""
     if _loader is None:
         return NO_LIVE_STATE
-    return _loader(combo_ids, local)
+    return _loader(combo_ids, local, reasons)

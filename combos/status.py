@@ -373,7 +373,7 @@ def quota_report() -> dict[str, Any]:
 
     now = int(time.time() * 1000)
     out = []
-    for (provider, credential), record in sorted(live.load(()).records.items()):
+    for (provider, credential), record in sorted(live.load((), reasons=False).records.items()):
         out.append(
             {
                 "provider": provider,

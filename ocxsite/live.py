@@ -76,7 +76,7 @@ def _reasons(snapshot: LiveSnapshot) -> Mapping[str, Mapping[str, str]]:
     return MappingProxyType(out)
 
 
-def load(combo_ids: Collection[str], local: bool) -> LiveSnapshot:
+def load(combo_ids: Collection[str], local: bool, reasons: bool) -> LiveSnapshot:
     if settings.OCX_REDIS_URL:
         try:
             snapshot = async_to_sync(_read_redis)(combo_ids)
@@ -88,4 +88,4 @@ def load(combo_ids: Collection[str], local: bool) -> LiveSnapshot:
         snapshot = async_to_sync(_read_local)(combo_ids)
     else:
         return NO_LIVE_STATE
-    return replace(snapshot, reasons=_reasons(snapshot))
+    return replace(snapshot, reasons=_reasons(snapshot)) if reasons else snapshot

@@ -96,7 +96,7 @@ def _observe_cooldowns() -> None:
     try:
         snapshot = get_runtime().snapshot or selectors.config_snapshot()
         now = int(time.time() * 1000)
-        states = live.load(list(snapshot.combos))
+        states = live.load(list(snapshot.combos), reasons=False)
         for combo in snapshot.combos.values():
             state = states.combo_state(combo.id)
             active = sum(1 for t in combo.targets if state.cooling_until(t.key, now) is not None)
