@@ -4,15 +4,17 @@ Every Redis-backed store of a worker (routing state, quota records, rpm limiter,
 recall) is wrapped so that:
 
 * each Redis call on the request path is bounded by `OCX_REDIS_TIMEOUT_MS` (default 50 ms);
-* the first failure (refused, timeout, read-only replica, any `RedisError`) opens one
+* a refused connection or any `RedisError` (a read-only replica, …), or three timeouts within
+  2 s, open one
   per-worker circuit breaker: from then on every call goes to a per-worker in-memory copy,
   without touching Redis, so a dead Redis costs nothing per request;
 * that copy is seeded by every shared value the worker read or wrote, so cooldowns and quota
   limits it knew keep holding, and its pure transitions still give at most one half-open probe
   per target (per worker) while it routes alone;
-* a background task pings Redis with a growing backoff; when it answers, the worker merges the
-  states it changed meanwhile into the shared ones (`combos.engine.state.merge`,
-  `quota.tracker.merge_records`: the later cooldown end wins), then closes the breaker.
+* a background task pings Redis with a growing pause (0.25 s doubling to 2 s); when it
+  answers, the worker merges the states it changed meanwhile into the shared ones
+  (`combos.engine.state.merge`, `quota.tracker.merge_records`: the later cooldown end wins),
+  then closes the breaker.
 
 rpm limits fall back to `limit / workers` per worker (`OCX_WORKER_COUNT`, set by `ocx serve`).
 """
@@ -43,7 +45,7 @@ R = TypeVar("R")
 # What "Redis is unavailable" looks like: refused or reset connections, timeouts (ours and
 # redis-py's), a read-only replica or any other server error.
 REDIS_ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, OSError, TimeoutError)
-BACKOFF_S = (0.25, 5.0)  # first and longest pause between probes of a degraded Redis
+BACKOFF_S = (0.25, 2.0)  # first and longest pause between probes of a degraded Redis
 # A refused connection or a Redis error opens the breaker at once; timeouts only when several
 # come close together (a frozen Redis times out every call; one slow call under a CPU spike
 # is not an outage). The call that timed out falls back to the local copy either way.

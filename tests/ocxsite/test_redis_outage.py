@@ -163,3 +163,24 @@ def test_frozen_redis_costs_a_timeout_once_not_per_request(outage: Any, mock: Mo
     while not all(b["status"] == "ok" for b in readyz_all(server, 4)):
         assert time.monotonic() < deadline, "never left degraded mode"
         time.sleep(0.1)
+
+
+def test_expired_cooldown_gets_one_probe_per_worker_during_the_outage(
+    outage: Any, mock: Mock
+) -> None:
+    server, redis_server, clients = outage
+    mock.script("fa", [{"status": 429, "headers": {"Retry-After": "2"}}])
+    assert ask(clients[0], "one").headers["x-ocx-target"] == "p2/fb"
+    for client in clients:  # every worker has seen the cooldown
+        assert ask(client, "one").headers["x-ocx-target"] == "p2/fb"
+    until = shared_state(redis_server, server, "one")["cooldowns"]["p1/fa"]  # type: ignore[index]
+    redis_server.stop()
+    mock.reset()
+    # fa is still broken: each probe fails and cools it again for a minute.
+    mock.script("fa", [{"status": 429, "headers": {"Retry-After": "60"}}] * 10)
+    time.sleep(max(0.0, until / 1000 - time.time()) + 0.2)
+    for i in range(24):
+        r = ask(clients[i % len(clients)], "one")
+        assert r.status_code == 200, r.text
+        assert r.headers["x-ocx-target"] == "p2/fb"
+    assert 1 <= mock.hits("fa") <= len(clients)  # at most one probe per worker, not 24
