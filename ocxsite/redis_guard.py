@@ -5,9 +5,8 @@ recall) is wrapped so that:
 
 * each Redis call on the request path is bounded by `OCX_REDIS_TIMEOUT_MS` (default 50 ms);
 * a refused connection or any `RedisError` (a read-only replica, …), or three timeouts within
-  2 s, open one
-  per-worker circuit breaker: from then on every call goes to a per-worker in-memory copy,
-  without touching Redis, so a dead Redis costs nothing per request;
+  2 s, open one per-worker circuit breaker: from then on every call goes to a per-worker
+  in-memory copy, without touching Redis, so a dead Redis costs nothing per request;
 * that copy is seeded by every shared value the worker read or wrote, so cooldowns and quota
   limits it knew keep holding, and its pure transitions still give at most one half-open probe
   per target (per worker) while it routes alone;
