@@ -20,6 +20,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
 
+from combos.engine.types import ConfigSnapshot
 from ocxsite import access, confignotify, runtime
 from ocxsite.access import digest
 from ocxsite.confignotify import Listener, Notice
@@ -201,3 +202,28 @@ def test_key_user_and_config_writes_are_in_the_runtime_when_they_return(
     assert runtime.reload_from_thread(timeout=1) is False
     provider_services.disabled_models_set(models=[])
     assert rt.snapshot.disabled_models == frozenset({"p/m"})
+
+
+def test_a_reload_never_replaces_newer_config_or_keys_with_older(loop_thread: LoopThread) -> None:
+    """A poll and a write's reload may finish in either order: the older result is dropped."""
+    rt = runtime.Runtime()
+    key = access.KeyInfo(
+        id=1, prefix="ocx_abc", user="u", allowed_models=frozenset(), rpm_limit=None
+    )
+
+    def snap(version: int) -> ConfigSnapshot:
+        return ConfigSnapshot(version=version, providers={}, combos={})
+
+    async def scenario() -> list[tuple[int, int, bool]]:
+        seen = []
+        rt.offer(snap(5), {"d1": key}, 7)
+        seen.append((rt.snapshot.version if rt.snapshot else -1, rt.keys_version, "d1" in rt.keys))
+        rt.offer(snap(4), {}, 6)  # an older read finishing late
+        seen.append((rt.snapshot.version if rt.snapshot else -1, rt.keys_version, "d1" in rt.keys))
+        rt.offer(snap(6), {}, 6)  # newer config, older keys: keys kept
+        seen.append((rt.snapshot.version if rt.snapshot else -1, rt.keys_version, "d1" in rt.keys))
+        rt.offer(None, {}, 8)  # newer keys alone
+        seen.append((rt.snapshot.version if rt.snapshot else -1, rt.keys_version, "d1" in rt.keys))
+        return seen
+
+    assert loop_thread.run(scenario()) == [(5, 7, True), (5, 7, True), (6, 7, True), (6, 8, False)]
