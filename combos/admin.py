@@ -18,6 +18,65 @@ from combos.models import Combo, ComboTarget
 from combos.state_reset import clear_on_commit
 from providers import services as provider_services
 
+COMBO_HELP = {
+    "combo_id": "Letters, numbers, dot, underscore or hyphen (max 64). Clients ask for "
+    "combo/ID (or the alias).",
+    "display_name": "The name Codex shows in its model picker. Empty = the model id "
+    "(required for a native alias).",
+    "strategy": "How a target is picked: failover = the first eligible target in the order "
+    "below; round-robin / random = by weight; least-used; reset-window = the soonest quota "
+    "reset first. Empty is not allowed (default failover).",
+    "sticky_limit": "Round-robin: successful requests a target serves before the next one "
+    "takes over (1-100). Default 1; other strategies ignore it.",
+    "cooldown_ms": "How long a failed target rests when the upstream sends no Retry-After or "
+    "reset time (1-600000 ms). Empty = the upstream hint, else 60 s (5 s for a request-rate "
+    "429, 10 min for a spent quota or a bad key).",
+    "wait_for_cooldown_ms": "When every target is cooling, wait up to this long for one to "
+    "recover (0-600000 ms). 0 = answer at once with the cooldown error.",
+    "cooldown_wait_policy": "before-last-resort: wait for a cooling target before calling "
+    "last-resort targets. Empty = last-resort targets are ordinary targets.",
+    "default_effort": "The reasoning effort added when a request sets none (or always, in "
+    "force mode), resolved to each target's ladder. Empty = nothing added.",
+    "default_effort_mode": "fallback = only when the request has no effort; force = replace "
+    "the caller's effort. Default fallback.",
+    "reasoning_effort_mode": "strict = an unknown effort ladder keeps the caller's controls; "
+    "adaptive = they are removed. Default strict; target order is not affected.",
+    "image_input": "auto = images pass to targets (the catalog lists image only if every "
+    "target takes it); disabled = image requests get 400 before any target is called.",
+    "alias": "Another model name clients may use instead of combo/ID. Empty = combo/ID only.",
+    "native_alias": "Let the alias take over a bare OpenAI model name such as gpt-5.5 "
+    "(needs a display name). Off = the alias must not look like an OpenAI model.",
+    "override_target": "Manual override: provider/model of one target below to pin every "
+    "request to. Empty = automatic (the strategy decides).",
+}
+TARGET_HELP = {
+    "position": "The order: drag the handle to move a target.",
+    "provider": "The provider that serves this target.",
+    "model": "The model id sent upstream: one the provider declares, or another id (saved "
+    "with a warning).",
+    "weight": "Share for round-robin and random (1-10000). Default 1; other strategies ignore it.",
+    "last_resort": "Called only after waiting for cooling targets (needs the cooldown wait "
+    "policy before-last-resort). Off = an ordinary target.",
+}
+# validate.Issue path heads (camelCase) -> the form field that shows the message.
+COMBO_FIELD = {
+    "strategy": "strategy",
+    "stickyLimit": "sticky_limit",
+    "cooldownMs": "cooldown_ms",
+    "waitForCooldownMs": "wait_for_cooldown_ms",
+    "cooldownWaitPolicy": "cooldown_wait_policy",
+    "defaultEffort": "default_effort",
+    "defaultEffortMode": "default_effort_mode",
+    "reasoningEffortMode": "reasoning_effort_mode",
+    "imageInput": "image_input",
+    "alias": "alias",
+    "nativeAlias": "native_alias",
+    "displayName": "display_name",
+    "override": "override_target",
+}
+TARGET_FIELD = {"provider": "provider", "model": "model", "weight": "weight"}
+TARGET_FIELD["lastResort"] = "last_resort"
+
 
 class ComboForm(forms.ModelForm):  # type: ignore[type-arg]
     class Meta:
@@ -38,20 +97,45 @@ class ComboForm(forms.ModelForm):  # type: ignore[type-arg]
             "display_name",
             "override_target",
         ]
-        help_texts = {
-            "override_target": "Manual override: provider/model of one target; empty = automatic.",
-        }
+        help_texts = COMBO_HELP
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The targets formset validates the whole combo and puts each combo-level issue next
+        # to its field here; the admin builds the formset on this form's instance.
+        self.instance._combo_form = self
+
+
+class ComboTargetForm(forms.ModelForm):  # type: ignore[type-arg]
+    class Meta:
+        model = ComboTarget
+        fields = ["position", "provider", "model", "weight", "last_resort"]
+        widgets = {"position": forms.HiddenInput(attrs={"class": "ocx-position"})}
+        help_texts = TARGET_HELP
+
+    def has_changed(self) -> bool:
+        # The drag script renumbers every row; a blank extra row stays blank (not "changed").
+        if self.instance.pk is None:
+            return any(name != "position" for name in self.changed_data)
+        return super().has_changed()
 
 
 class ComboTargetFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
-    """Runs the one combo validation function over the form and its ordered targets."""
+    """Runs the one combo validation function over the form and its ordered targets, and shows
+    each issue next to its field (a target's issue in its row, the rest on the combo form)."""
+
+    combo_issues = False
+
+    def is_valid(self) -> bool:
+        valid = super().is_valid()
+        return valid and not self.combo_issues
 
     def clean(self) -> None:
         super().clean()
         if any(self.errors):
             return
-        rows = []
-        for form in self.forms:
+        rows: list[tuple[int, int, forms.Form, dict[str, Any]]] = []
+        for n, form in enumerate(self.forms):
             data = getattr(form, "cleaned_data", None)
             if not data or data.get("DELETE"):
                 continue
@@ -59,6 +143,8 @@ class ComboTargetFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
             rows.append(
                 (
                     data.get("position") or 0,
+                    n,
+                    form,
                     {
                         "provider": provider.name if provider else "",
                         "model": data.get("model") or "",
@@ -67,9 +153,9 @@ class ComboTargetFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
                     },
                 )
             )
-        rows.sort(key=lambda r: r[0])
+        rows.sort(key=lambda r: (r[0], r[1]))
         combo: Combo = self.instance
-        raw = selectors.combo_raw(combo, [r[1] for r in rows])
+        raw = selectors.combo_raw(combo, [r[3] for r in rows])
         from providers.models import Provider
 
         issues = validate.validate_combo(
@@ -86,10 +172,35 @@ class ComboTargetFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
             require_enabled_target=True,
         )
         if issues:
-            raise forms.ValidationError([i.message for i in issues])
-        blocked = _all_out_of_quota([r[1] for r in rows])
+            self._place(issues, [r[2] for r in rows])
+            return
+        blocked = _all_out_of_quota([r[3] for r in rows])
         if blocked is not None:
             raise forms.ValidationError(blocked)
+
+    def _place(self, issues: list[validate.Issue], ordered: list[forms.Form]) -> None:
+        """Each issue next to its field; what has no field goes above the targets table."""
+        combo_form: forms.ModelForm[Any] | None = getattr(self.instance, "_combo_form", None)
+        loose: list[str] = []
+        for issue in issues:
+            head = issue.path[0] if issue.path else None
+            if head == "targets" and len(issue.path) >= 2 and isinstance(issue.path[1], int):
+                form = ordered[issue.path[1]]
+                field = TARGET_FIELD.get(str(issue.path[2])) if len(issue.path) > 2 else "model"
+                if field is not None and not form.has_error(field):
+                    form.add_error(field, issue.message)
+                    continue
+                if field is not None:
+                    continue
+            field = "combo_id" if head is None else COMBO_FIELD.get(str(head))
+            if combo_form is not None and field is not None and field in combo_form.fields:
+                if not combo_form.has_error(field):
+                    combo_form.add_error(field, issue.message)
+                self.combo_issues = True
+                continue
+            loose.append(issue.message)
+        if loose:
+            raise forms.ValidationError(loose)
 
 
 def _all_out_of_quota(targets: list[dict[str, Any]]) -> str | None:
@@ -132,12 +243,33 @@ def _all_out_of_quota(targets: list[dict[str, Any]]) -> str | None:
     return "Every usable target is out of quota: " + "; ".join(reasons)
 
 
+def undeclared_models(combo: Combo) -> list[str]:
+    """A note per target whose model its provider does not declare (allowed: sent as typed)."""
+    notes = []
+    for target in combo.targets.select_related("provider").prefetch_related("provider__models"):
+        declared = sorted(m.model_id for m in target.provider.models.all())
+        if target.model in declared:
+            continue
+        known = ", ".join(declared) if declared else "none"
+        notes.append(
+            f'Target {target.provider.name}/{target.model}: provider "{target.provider.name}" '
+            f'does not declare model "{target.model}" (declared: {known}); it is sent upstream '
+            "as typed."
+        )
+    return notes
+
+
 class ComboTargetInline(admin.TabularInline):  # type: ignore[type-arg]
     model = ComboTarget
+    form = ComboTargetForm
     formset = ComboTargetFormSet
     fields = ("position", "provider", "model", "weight", "last_resort")
     ordering = ("position",)
-    extra = 0
+    classes = ("ocx-targets",)
+
+    def get_extra(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> int:
+        # A new combo starts with one empty target row; an existing one with none.
+        return 1 if obj is None else 0
 
 
 @admin.register(Combo)
@@ -149,35 +281,54 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_filter = ("strategy",)
     search_fields = ("combo_id", "alias", "display_name")
     actions = ["clear_override", "export_catalog"]
+    # The first fieldset (identity) is followed by the targets table (change_form.html).
     fieldsets = (
+        (None, {"fields": ("combo_id", "display_name", "strategy")}),
         (
-            None,
+            "Routing",
             {
                 "fields": (
-                    "combo_id",
-                    "strategy",
                     "sticky_limit",
-                    "display_name",
-                    "alias",
-                    "native_alias",
+                    "cooldown_ms",
+                    "wait_for_cooldown_ms",
+                    "cooldown_wait_policy",
                 )
             },
         ),
-        ("Cooldowns", {"fields": ("cooldown_ms", "wait_for_cooldown_ms", "cooldown_wait_policy")}),
+        ("Model names", {"fields": ("alias", "native_alias")}),
         (
             "Request shaping",
             {
+                "classes": ("collapse",),
                 "fields": (
                     "default_effort",
                     "default_effort_mode",
                     "reasoning_effort_mode",
                     "image_input",
-                )
+                ),
             },
         ),
         ("Manual override", {"fields": ("override_target",)}),
         ("Live status", {"fields": ("live",)}),
     )
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Any = None,
+    ) -> HttpResponse:
+        # The editor's model picker: each provider's declared models, by provider pk.
+        from providers.models import ProviderModel
+
+        declared: dict[str, list[str]] = {}
+        for provider_pk, model_id in ProviderModel.objects.values_list("provider", "model_id"):
+            declared.setdefault(str(provider_pk), []).append(model_id)
+        context["declared_models"] = declared
+        return super().render_change_form(request, context, add, change, form_url, obj)
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         context = {**(extra_context or {}), "needs_attention": selectors.needs_attention()}
@@ -227,6 +378,8 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             clear_on_commit({form.initial.get("combo_id") or "", form.instance.combo_id})
         with transaction.atomic():
             provider_services.config_bump()
+        for note in undeclared_models(form.instance):
+            messages.warning(request, note)
 
     def delete_model(self, request: HttpRequest, obj: Combo) -> None:
         combo_id = obj.combo_id

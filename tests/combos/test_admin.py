@@ -130,3 +130,129 @@ def test_non_staff_cannot_reach_admin() -> None:
     response = client.get("/admin/combos/combo/")
     assert response.status_code == 302
     assert "/admin/login/" in response["Location"]
+
+
+# -- the editor: layout, help, errors next to their fields, undeclared-model warning ----------
+
+
+def _field_errors(html: str, css_class: str) -> str:
+    """The text of the admin form row (or inline cell) with class `css_class`."""
+    import re
+
+    match = re.search(
+        rf'class="[^"]*\b{css_class}\b[^"]*".*?(?=<div class="form-row|<td class=|</tr>)',
+        html,
+        re.S,
+    )
+    assert match, f"no element with class {css_class}"
+    return match.group(0)
+
+
+def test_add_form_starts_with_one_target_row_right_under_the_identity_fields(
+    staff: Client,
+) -> None:
+    _providers()
+    html = staff.get("/admin/combos/combo/add/").content.decode()
+    assert 'name="targets-TOTAL_FORMS" value="1"' in html
+    # id, display name, strategy, then the targets table, then the other settings.
+    order = [
+        html.index('name="combo_id"'),
+        html.index('name="display_name"'),
+        html.index('name="strategy"'),
+        html.index('id="targets-group"'),
+        html.index('name="sticky_limit"'),
+        html.index('name="cooldown_ms"'),
+        html.index('name="override_target"'),
+    ]
+    assert order == sorted(order)
+    # The position is a hidden field the drag script rewrites; the models are on the page.
+    assert 'type="hidden" name="targets-0-position"' in html
+    assert '"m1"' in html.split('id="ocx-declared-models"')[1].split("</script>")[0]
+    assert "ocx/combo-editor.js" in html
+    for text in (
+        "Empty = the upstream hint, else 60 s",
+        "0 = answer at once",
+        "Empty = nothing added",
+        "Empty = automatic",
+        "Default 1; other strategies ignore it.",
+        "Off = an ordinary target.",
+        "Empty = combo/ID only.",
+    ):
+        assert text in html, text
+
+
+def test_change_form_has_no_extra_target_row(staff: Client) -> None:
+    p1, p2 = _providers()
+    assert staff.post("/admin/combos/combo/add/", _combo_post(p1, p2)).status_code == 302
+    combo = Combo.objects.get(combo_id="main")
+    html = staff.get(f"/admin/combos/combo/{combo.pk}/change/").content.decode()
+    assert 'name="targets-TOTAL_FORMS" value="2"' in html
+    assert 'name="targets-INITIAL_FORMS" value="2"' in html
+
+
+def test_blank_extra_row_with_a_rewritten_position_is_ignored(staff: Client) -> None:
+    p1, p2 = _providers()
+    data = _combo_post(p1, p2, **{"targets-TOTAL_FORMS": "3", "targets-2-position": "2"})
+    data["targets-2-weight"] = "1"
+    response = staff.post("/admin/combos/combo/add/", data)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert [t.key for t in selectors.combo_get("main").targets] == ["p1/m1", "p2/m2"]  # type: ignore[union-attr]
+
+
+def test_combo_field_errors_sit_next_to_their_fields(staff: Client) -> None:
+    p1, p2 = _providers()
+    data = _combo_post(p1, p2, sticky_limit="0", override_target="p9/nope")
+    response = staff.post("/admin/combos/combo/add/", data)
+    assert response.status_code == 200
+    html = response.content.decode()
+    sticky = _field_errors(html, "field-sticky_limit")
+    assert "stickyLimit must be an integer from 1 to 100" in sticky
+    override = _field_errors(html, "field-override_target")
+    assert "override target &quot;p9/nope&quot; is not one of this combo&#x27;s targets" in override
+    # Nothing above the targets table.
+    group = html[
+        html.index('id="targets-group"') : html.index("</table>", html.index('id="targets-group"'))
+    ]
+    assert "errorlist" not in group
+    assert not Combo.objects.exists()
+
+
+def test_target_errors_sit_in_their_row_in_saved_order(staff: Client) -> None:
+    p1, p2 = _providers()
+    # Row 0 is second in order (position 5): "targets[1]" is that row's weight.
+    data = _combo_post(
+        p1, p2, **{"targets-0-position": "5", "targets-0-weight": "0", "targets-1-position": "1"}
+    )
+    html = staff.post("/admin/combos/combo/add/", data).content.decode()
+    row0 = html[html.index('id="targets-0"') : html.index('id="targets-1"')]
+    assert "targets[1].weight must be an integer from 1 to 10000" in row0
+    assert not Combo.objects.exists()
+
+
+def test_no_targets_is_an_error_above_the_table(staff: Client) -> None:
+    _providers()
+    data = _combo_post(*_providers_objs(), **{"targets-TOTAL_FORMS": "1"})
+    for key in ("provider", "model", "weight", "position"):
+        data[f"targets-0-{key}"] = "1" if key == "weight" else ""
+    html = staff.post("/admin/combos/combo/add/", data).content.decode()
+    group = html[html.index('id="targets-group"') :]
+    assert "targets must be a non-empty array" in group[: group.index("<table>")]
+    assert not Combo.objects.exists()
+
+
+def _providers_objs() -> tuple[Provider, Provider]:
+    return Provider.objects.get(name="p1"), Provider.objects.get(name="p2")
+
+
+def test_undeclared_model_is_saved_with_a_warning(staff: Client) -> None:
+    p1, p2 = _providers()
+    data = _combo_post(p1, p2, **{"targets-1-model": "m2-preview"})
+    response = staff.post("/admin/combos/combo/add/", data, follow=True)
+    assert response.status_code == 200
+    spec = selectors.combo_get("main")
+    assert spec is not None and [t.key for t in spec.targets] == ["p1/m1", "p2/m2-preview"]
+    warnings = [str(m) for m in response.context["messages"] if m.level_tag == "warning"]
+    assert warnings == [
+        'Target p2/m2-preview: provider "p2" does not declare model "m2-preview" '
+        "(declared: m2); it is sent upstream as typed."
+    ]
