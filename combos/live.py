@@ -22,7 +22,7 @@ from combos.engine.state import ComboState, StateStore
 from quota.tracker import JsonStore, Record
 
 Pair = tuple[str, str]  # (provider, credential fingerprint)
-Source = Literal["redis", "this process", "none", "redis unreachable"]
+Source = Literal["redis", "this process", "this worker", "none", "redis unreachable"]
 _QUOTA_PREFIX = "quota:"
 
 

@@ -338,6 +338,12 @@ REDIS_UNREACHABLE_NOTE = (
 )
 
 
+WORKER_COPY_NOTE = (
+    "Redis (REDIS_URL) is unreachable: this is the answering worker's own copy of the routing "
+    "state, which it routes on until Redis is back; other workers keep their own."
+)
+
+
 def status_report(combo_id: str | None = None, *, local: bool = True) -> dict[str, Any]:
     """`GET /api/status` (local: the server's own view) and `ocx status` (local=False)."""
     now = int(time.time() * 1000)
@@ -365,6 +371,8 @@ def status_report(combo_id: str | None = None, *, local: bool = True) -> dict[st
         report["note"] = NO_LIVE_STATE_NOTE
     elif live_state.source == "redis unreachable":
         report["note"] = REDIS_UNREACHABLE_NOTE
+    elif live_state.source == "this worker":
+        report["note"] = WORKER_COPY_NOTE
     return report
 
 

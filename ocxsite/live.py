@@ -76,14 +76,42 @@ def _reasons(snapshot: LiveSnapshot) -> Mapping[str, Mapping[str, str]]:
     return MappingProxyType(out)
 
 
+def _worker_copy(combo_ids: Collection[str]) -> LiveSnapshot | None:
+    """While Redis is out the serving worker routes on its own copy (`redis_guard`): that
+    copy is then the truth for this worker. None outside a worker with guarded stores."""
+    from ocxsite.redis_guard import GuardedJsonStore, GuardedStateStore
+    from ocxsite.runtime import get_runtime
+
+    runtime = get_runtime()
+    store, quota = runtime.store, runtime.tracker.store
+    if not isinstance(store, GuardedStateStore) or not isinstance(quota, GuardedJsonStore):
+        return None
+    # Memory stores only: their coroutines never wait, so any event loop may run them.
+    return async_to_sync(combos_live.read)(
+        store.local, quota.local, combo_ids, source="this worker"
+    )
+
+
+def _breaker_open() -> bool:
+    from ocxsite.runtime import get_runtime
+
+    breaker = get_runtime().redis
+    return breaker is not None and breaker.open
+
+
 def load(combo_ids: Collection[str], local: bool, reasons: bool) -> LiveSnapshot:
     if settings.OCX_REDIS_URL:
+        copy = _worker_copy(combo_ids) if local and _breaker_open() else None
         try:
-            snapshot = async_to_sync(_read_redis)(combo_ids)
+            snapshot = copy or async_to_sync(_read_redis)(combo_ids)
         except (redis.RedisError, OSError) as exc:
-            # Status still answers with the configured view, and says why it has no live state.
+            # Status still answers (the worker's own copy, else the configured view) and says
+            # why it has no shared state.
             log.warning("cannot read the live routing state from Redis: %s", type(exc).__name__)
-            return REDIS_UNREACHABLE
+            copy = _worker_copy(combo_ids) if local else None
+            if copy is None:
+                return REDIS_UNREACHABLE
+            snapshot = copy
     elif local:
         snapshot = async_to_sync(_read_local)(combo_ids)
     else:
