@@ -530,6 +530,8 @@ class ProxyApp:
             if outcome.committed:
                 exchange.upstream_done = True
                 metrics.UPSTREAM_LATENCY.labels(provider.name).observe(elapsed)
+            if outcome.malformed:
+                metrics.MALFORMED_FRAMES.labels(provider.name).inc(outcome.malformed)
             pair = pairs.get(target.key)
             if pair is not None:
                 used.add(pair)
@@ -579,6 +581,7 @@ class ProxyApp:
                         if outcome.failure is None
                         else outcome.failure.status,
                         "outcome": "served" if outcome.committed else "failed",
+                        **({"malformedFrames": outcome.malformed} if outcome.malformed else {}),
                     }
                 )
                 if outcome.committed:
@@ -685,6 +688,7 @@ def _record_route(entry: RequestEntry, result: RouteResult) -> None:
             "reason": r.reason,
             "cooledUntil": r.cooled_until,
             "ms": r.ms,
+            **({"malformedFrames": r.malformed} if r.malformed else {}),
         }
         for r in result.attempts
     ]
