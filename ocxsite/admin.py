@@ -9,9 +9,13 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from ocxsite import access, key_services
+from ocxsite import (
+    access,
+    key_services,
+    requestlog_admin,  # noqa: F401 - registers the request log admin
+)
 from ocxsite.budgets import stored_budgets
-from ocxsite.models import BudgetEvent, ClientKey, ManagementToken, RequestLog, UserBudget
+from ocxsite.models import BudgetEvent, ClientKey, ManagementToken, UserBudget
 
 BUDGETS_HELP = (
     'A list of budgets: {"tokens": 100000, "period": "day"} (day, week or month, in '
@@ -135,24 +139,3 @@ class ManagementTokenAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def revoke(self, request: HttpRequest, queryset: QuerySet[ManagementToken]) -> None:
         count = queryset.filter(revoked__isnull=True).update(revoked=timezone.now())
         self.message_user(request, f"Revoked {count} token(s).", messages.SUCCESS)
-
-
-@admin.register(RequestLog)
-class RequestLogAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = (
-        "at",
-        "request_id",
-        "user",
-        "requested_model",
-        "target",
-        "status",
-        "duration_ms",
-    )
-    list_filter = ("status", "combo", "stream")
-    search_fields = ("request_id", "user", "requested_model", "target")
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
