@@ -195,6 +195,7 @@ class Listener:
         self.received = 0
         self._rng = rng or random.Random()
         self._task: asyncio.Task[None] | None = None
+        self._stopped = False
 
     async def start(self, wait_s: float = 1.0) -> None:
         """Start listening; wait (bounded) until subscribed, so a write committed after this
@@ -208,13 +209,14 @@ class Listener:
             log.warning("config channel not subscribed yet; relying on the poll until it is")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        task, self._task = self._task, None
+        self._stopped = True
+        # The redis client can swallow one cancellation inside a read, so cancel until it ends.
+        for _ in range(50):
+            if task is None or task.done():
+                break
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.1)
 
     async def _run(self) -> None:
         import redis
@@ -222,7 +224,7 @@ class Listener:
 
         backoff = BACKOFF_MIN_S
         first = True
-        while True:
+        while not self._stopped:
             client = aredis.Redis.from_url(
                 self.url,
                 socket_connect_timeout=2,
@@ -239,7 +241,7 @@ class Listener:
                     log.info("config channel subscribed again")
                     await self.on_notice(None)  # notices sent while disconnected were lost
                 first = False
-                while True:
+                while not self._stopped:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5)
                     if message is None or message.get("type") != "message":
                         continue
