@@ -618,6 +618,16 @@ class ProxyApp:
         for record in result.attempts:
             if record.outcome == "hop":
                 metrics.HOPS.labels(combo.id, record.reason).inc()
+                # Only when a hop happened: a request served first time emits nothing.
+                runtime.emit(
+                    {
+                        "kind": "hop",
+                        "combo": combo.id,
+                        "target": record.target,
+                        "status": record.status,
+                        "reason": record.reason,
+                    }
+                )
         if result.served is not None and not result.failed_after_commit and lane is not None:
             await runtime.recall.remember(
                 str(key.id),

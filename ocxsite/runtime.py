@@ -30,6 +30,8 @@ from django.db import OperationalError as DbOperationalError
 from combos import selectors
 from combos.engine.state import MemoryStateStore, StateStore
 from combos.engine.types import ConfigSnapshot, ProviderSpec
+from dashboard import services as dashboard_services
+from dashboard.services import STORED_KINDS
 from ocxsite import access, budget_events, confignotify, metrics, requestlog
 from ocxsite.access import KeyInfo
 from ocxsite.background import BatchWriter, in_thread
@@ -93,6 +95,10 @@ class Runtime:
         )
         self.transitions: BatchWriter[quota_services.TransitionEvent] = BatchWriter(
             "quota transitions", quota_services.transitions_write, maxsize=1000
+        )
+        # Cooldowns and hops kept for the events page's history and the dashboard.
+        self.routing_events: BatchWriter[dict[str, object]] = BatchWriter(
+            "routing events", _write_routing_events, maxsize=1000, flush_s=1.0
         )
         self.recall: MemoryRecall | GuardedRecall = MemoryRecall()
         self.limiter: MemoryLimiter | GuardedLimiter = MemoryLimiter()
@@ -310,11 +316,16 @@ class Runtime:
 
     async def flush(self) -> None:
         """Write everything the background writers hold (graceful shutdown)."""
-        for writer in (self.requestlog, self.snapshots, self.transitions):
+        for writer in (self.requestlog, self.snapshots, self.transitions, self.routing_events):
             await writer.drain()
 
     def emit(self, event: dict[str, object], *, force: bool = False) -> None:
-        """Push a routing event to `/ws/events` subscribers (fire and forget)."""
+        """Push a routing event to `/ws/events` subscribers (fire and forget); cooldowns and
+        hops are also stored, off the hot path. `at`: when it happened (epoch ms)."""
+        if "at" not in event:
+            event = {**event, "at": int(time.time() * 1000)}
+        if event.get("kind") in STORED_KINDS:
+            self.routing_events.submit(event)
         layer = get_channel_layer()
         if layer is None:
             return
@@ -329,6 +340,10 @@ class Runtime:
 async def _close_later(pool: ClientPool, delay_s: float) -> None:
     await asyncio.sleep(delay_s)
     await pool.aclose()
+
+
+def _write_routing_events(events: list[dict[str, object]]) -> None:
+    dashboard_services.routing_events_write(events=events)
 
 
 def _log_failure(task: asyncio.Task[object]) -> None:

@@ -152,6 +152,8 @@ INSTALLED_APPS = [
     "combos",
     "quota",
     "usage",
+    "dashboard",
+    "ninja",  # Swagger UI / ReDoc served from our own static files (no CDN)
     "ocxsite",
 ]
 

@@ -1,0 +1,345 @@
+"""The admin dashboard (`/admin/`) and the routing events page, rendered by Django's test client:
+combos with each target's state in order, quota windows as bars, charts from the usage
+rollups only, routing events history (stored off the hot path), the percentile math, and that
+no admin page nor `/api/docs` references an external host."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import time
+from collections.abc import Iterator
+from html.parser import HTMLParser
+from urllib.parse import urlsplit
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from combos.engine.state import ComboState, MemoryStateStore
+from combos.services import combo_set
+from dashboard import selectors, services
+from dashboard.models import KEEP, RoutingEvent
+from ocxsite.requestlog import RequestEntry
+from ocxsite.runtime import get_runtime
+from providers.services import provider_set
+from quota import windows as qw
+from quota.models import QuotaTransition
+from quota.tracker import MemoryJsonStore, Record
+from usage import services as usage_services
+from usage.models import LATENCY_BOUNDS_MS
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def staff() -> Client:
+    user = get_user_model().objects.create_superuser("root", "r@example.com", "pw-123456789")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def live_state() -> Iterator[tuple[MemoryStateStore, MemoryJsonStore]]:
+    runtime = get_runtime()
+    store, quota = runtime.store, runtime.tracker.store
+    assert isinstance(store, MemoryStateStore) and isinstance(quota, MemoryJsonStore)
+    yield store, quota
+    store._states.clear()
+    quota.data.clear()
+
+
+def _setup_combo() -> None:
+    for name in ("p1", "p2"):
+        provider_set(
+            name=name,
+            raw={"adapter": "openai-responses", "baseUrl": "http://127.0.0.1:9/v1", "apiKey": "k"},
+        )
+    combo_set(
+        combo_id="main",
+        raw={"targets": [{"provider": "p1", "model": "m1"}, {"provider": "p2", "model": "m2"}]},
+    )
+
+
+def _entry(at: float, *, user: str, target: str, status: int = 200, ms: int = 300) -> RequestEntry:
+    return RequestEntry(
+        request_id="r",
+        at=at,
+        user=user,
+        requested_model="combo/main",
+        combo="main",
+        target=target,
+        status=status,
+        outcome="ok" if status < 400 else "error",
+        duration_ms=ms,
+        input_tokens=100,
+        output_tokens=20,
+        ttft_ms=80,
+        attempts=[{"target": "p1/m1", "outcome": "hop"}] if target == "p2/m2" else [],
+    )
+
+
+def test_percentile_interpolates_inside_the_bucket() -> None:
+    bounds = (100, 250, 500)
+    assert selectors.percentile([0, 0, 0, 0], bounds, 0.5) is None
+    # 10 requests in (100, 250]: the median is halfway through that bucket.
+    assert selectors.percentile([0, 10, 0, 0], bounds, 0.5) == 175
+    assert selectors.percentile([5, 5, 0, 0], bounds, 0.5) == 100
+    assert selectors.percentile([5, 5, 0, 0], bounds, 0.95) == 235
+    # The open last bucket reports its lower bound ("at least").
+    assert selectors.percentile([0, 0, 0, 3], bounds, 0.95) == 500
+
+
+def test_charts_read_the_rollups_per_combo_target_user_and_model() -> None:
+    now = time.time()
+    minute = int(now) // 60 * 60
+    usage_services.record_requests(
+        records=[
+            _entry(minute + 1, user="ann", target="p1/m1"),
+            _entry(minute + 2, user="ann", target="p1/m1", ms=2000),
+            _entry(minute - 120, user="bob", target="p2/m2", status=502),
+            # Two hours ago: outside the last hour, inside 24 h.
+            _entry(now - 7200, user="cid", target="p1/m1"),
+        ]
+    )
+    hour = selectors.charts("1h", now=now)
+    assert hour["points"] == 60 and hour["step"] == 60_000
+    assert hour["start"] == (minute - 59 * 60) * 1000
+    main = hour["perCombo"]["main"]
+    assert main["requests"][-1] == 2 and main["requests"][-3] == 1
+    assert sum(main["requests"]) == 3
+    assert main["errors"][-3] == 1 and sum(main["errors"]) == 1
+    assert main["hops"][-3] == 1 and sum(main["hops"]) == 1
+    assert sum(hour["perTarget"]["p1/m1"]["requests"]) == 2
+    by_target = {r["target"]: r for r in hour["latency"]}
+    # 300 ms and 2000 ms: the median lands in (250, 500], p95 in (1000, 2500].
+    assert 250 < by_target["p1/m1"]["p50"] <= 500
+    assert 1000 < by_target["p1/m1"]["p95"] <= 2500
+    assert by_target["p1/m1"]["ttftP50"] is not None
+    assert hour["tokensByUser"] == [
+        {"name": "ann", "input": 200, "output": 40},
+        {"name": "bob", "input": 100, "output": 20},
+    ]
+    assert hour["tokensByModel"] == [{"name": "combo/main", "input": 300, "output": 60}]
+    day = selectors.charts("24h", now=now)
+    assert day["points"] == 24 and sum(day["perCombo"]["main"]["requests"]) == 4
+    assert {r["name"] for r in day["tokensByUser"]} == {"ann", "bob", "cid"}
+    assert LATENCY_BOUNDS_MS[0] == 100
+
+
+def test_routing_events_are_stored_bounded_and_listed_with_quota_transitions() -> None:
+    at = int(time.time() * 1000)
+    stored = services.routing_events_write(
+        events=[
+            {
+                "kind": "cooldown",
+                "combo": "main",
+                "target": "p1/m1",
+                "until": at + 60_000,
+                "reason": "rate_limited",
+                "at": at,
+            },
+            {
+                "kind": "hop",
+                "combo": "main",
+                "target": "p1/m1",
+                "status": 429,
+                "reason": "rate_limited",
+                "at": at + 1,
+            },
+            {"kind": "dependency", "at": at},  # not a routing event: not stored
+            {"kind": "hop", "combo": "main"},  # no time: not stored
+        ]
+    )
+    assert stored == 2
+    QuotaTransition.objects.create(
+        provider="p1",
+        credential="fp",
+        from_state="available",
+        to_state="limited",
+        reason="window exhausted",
+        message="p1 is out of quota",
+        at=dt.datetime.fromtimestamp((at + 2) / 1000, tz=dt.UTC),
+    )
+    rows = selectors.recent_events(10)
+    assert [r.kind for r in rows] == ["quota", "hop", "cooldown"]
+    cooldown = rows[2]
+    assert cooldown.at == dt.datetime.fromtimestamp(at / 1000, tz=dt.UTC)
+    assert cooldown.until_ms == at + 60_000
+    # Bounded: only the newest KEEP rows stay.
+    services.routing_events_write(
+        events=[{"kind": "hop", "combo": "c", "target": "t", "at": at + i} for i in range(KEEP)]
+    )
+    assert RoutingEvent.objects.count() == KEEP
+    assert not RoutingEvent.objects.filter(kind="cooldown").exists()
+
+
+def test_dashboard_is_the_admin_index_with_states_quota_charts_and_events(
+    staff: Client, live_state: tuple[MemoryStateStore, MemoryJsonStore]
+) -> None:
+    store, quota = live_state
+    _setup_combo()
+    now = int(time.time() * 1000)
+    store._states["main"] = ComboState(cooldowns={"p1/m1": now + 90_000})
+    window = qw.Window(
+        name="five_hour",
+        used_percent=100.0,
+        window_minutes=300,
+        resets_at_ms=now + 3_600_000,
+        observed_at_ms=now,
+        source=qw.SOURCE_CODEX_HEADERS,
+    )
+    state, _ = qw.observe(qw.CredentialQuota("p2", "fp9"), [window], now=now)
+    quota.data["quota:p2:fp9"] = Record(state, (window,)).to_json()
+    services.routing_events_write(
+        events=[
+            {
+                "kind": "cooldown",
+                "combo": "main",
+                "target": "p1/m1",
+                "until": now + 90_000,
+                "reason": "rate_limited",
+                "at": now,
+            }
+        ]
+    )
+    page = staff.get("/admin/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'id="ocx-dashboard"' in html
+    # Targets in order, each with its state; the cooldown's end is a <time> counting down.
+    first = html.index('data-target="p1/m1"')
+    assert first < html.index('data-target="p2/m2"')
+    assert re.search(
+        r'class="ocx-badge ocx-cooling" data-target="p1/m1"[^>]*>p1/m1: Cooling until '
+        r'<time class="ocx-until" datetime="[-\dT:.]+Z">',
+        html,
+    )
+    # The quota window as a bar: length, used %, reset countdown, recovery state.
+    assert 'data-provider="p2" data-credential="fp9"' in html
+    assert '<span class="ocx-window-name">5 h</span>' in html
+    assert 'style="width: 100%"' in html
+    assert "all windows recover at <time" in html
+    # The event with the time it happened (not the cooldown's end).
+    assert re.search(r'<li class="ocx-ev ocx-ev-cooldown"><time class="ocx-time" datetime=', html)
+    charts = json.loads(
+        re.search(
+            r'<script id="ocx-charts-data" type="application/json">(.*?)</script>', html, re.S
+        ).group(1)  # type: ignore[union-attr]
+    )
+    assert charts["range"] == "1h" and charts["points"] == 60
+    # Django's app list stays reachable below the dashboard.
+    assert "Site administration" in html and 'id="ocx-apps"' in html
+    assert "/admin/combos/combo/" in html
+    # No raw UTC ISO time in the visible text (only in datetime attributes and the JSON).
+    visible = re.sub(r"<script.*?</script>|<[^>]+>", " ", html, flags=re.S)
+    assert not re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d", visible), visible
+
+
+def test_dashboard_live_fragment_and_chart_data_are_staff_only(staff: Client) -> None:
+    _setup_combo()
+    live = staff.get("/admin/dashboard/live/")
+    assert live.status_code == 200
+    assert 'data-target="p1/m1"' in live.content.decode()
+    data = staff.get("/admin/dashboard/charts/?range=7d")
+    assert data.status_code == 200 and data.json()["points"] == 168
+    bad = staff.get("/admin/dashboard/charts/?range=5y")
+    assert bad.status_code == 400
+    assert bad.json() == {"error": "range: use one of 1h, 24h, 7d; got '5y'"}
+    anonymous = Client()
+    for url in ("/admin/", "/admin/dashboard/live/", "/admin/dashboard/charts/"):
+        r = anonymous.get(url)
+        assert r.status_code == 302 and "/admin/login/" in r["Location"], url
+    user = get_user_model().objects.create_user("plain", "p@example.com", "pw-123456789")
+    plain = Client()
+    plain.force_login(user)
+    assert plain.get("/admin/dashboard/charts/").status_code == 302
+
+
+def test_dashboard_empty_states(staff: Client) -> None:
+    html = staff.get("/admin/").content.decode()
+    assert "No combos yet." in html
+    assert "No quota data yet" in html
+    assert "No cooldowns, hops or quota transitions recorded yet." in html
+
+
+def test_events_page_shows_history_with_the_time_it_happened(staff: Client) -> None:
+    at = int(time.time() * 1000) - 5000
+    services.routing_events_write(
+        events=[
+            {
+                "kind": "cooldown",
+                "combo": "main",
+                "target": "p1/m1",
+                "until": at + 600_000,
+                "reason": "rate_limited",
+                "at": at,
+            },
+            {
+                "kind": "hop",
+                "combo": "main",
+                "target": "p1/m1",
+                "status": 429,
+                "reason": "rate_limited",
+                "at": at,
+            },
+        ]
+    )
+    html = staff.get("/admin/combos/combo/events/").content.decode()
+    assert 'id="ocx-conn"' in html and 'id="ocx-event-list"' in html
+    iso = dt.datetime.fromtimestamp(at / 1000, tz=dt.UTC).isoformat(timespec="milliseconds")
+    iso = iso.replace("+00:00", "Z")
+    assert html.count(f'<time class="ocx-time" datetime="{iso}">') == 2
+    assert "combo/main: hopped off p1/m1 (429, rate_limited)" in html
+    assert 'combo/main: p1/m1 cooling until <time class="ocx-until"' in html
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for name, value in attrs:
+            if name in ("src", "href", "action") and value:
+                self.urls.append(value)
+
+
+def external_urls(html: str) -> list[str]:
+    """src/href/action URLs that leave this server (http(s)://host or //host)."""
+    parser = _Links()
+    parser.feed(html)
+    out = []
+    for url in parser.urls:
+        parts = urlsplit(url)
+        if parts.netloc and parts.hostname not in ("testserver", "127.0.0.1", "localhost"):
+            out.append(url)
+    # Scripts that load by URL in code (Swagger's init): any absolute URL in an inline script.
+    for script in re.findall(r"<script[^>]*>(.*?)</script>", html, re.S):
+        out += [u for u in re.findall(r"https?://[^\s\"')]+", script) if "://testserver" not in u]
+    return out
+
+
+def test_no_page_references_an_external_host(staff: Client) -> None:
+    _setup_combo()
+    pages = [
+        "/admin/",
+        "/admin/combos/combo/",
+        "/admin/combos/combo/add/",
+        "/admin/combos/combo/events/",
+        "/admin/providers/provider/",
+        "/admin/ocxsite/requestlog/",
+        "/admin/usage/usagerollup/",
+        "/api/docs",
+    ]
+    for url in pages:
+        r = staff.get(url)
+        assert r.status_code == 200, url
+        html = r.content.decode()
+        assert external_urls(html) == [], url
+    docs = staff.get("/api/docs").content.decode()
+    assert "/static/ninja/swagger-ui-bundle.js" in docs
+    assert staff.get("/static/ninja/swagger-ui-bundle.js").status_code == 200
+    assert staff.get("/static/ocx/vendor/chart-4.5.1.umd.min.js").status_code == 200
