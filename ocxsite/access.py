@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.hashers import make_password
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.db.models import QuerySet
@@ -51,7 +52,10 @@ def client_key_create(
 ) -> tuple[ClientKey, str]:
     user_model = get_user_model()
     with transaction.atomic():
-        user, _ = user_model.objects.get_or_create(username=username)
+        # A user created here logs in only once given a password (`ocx user create`).
+        user, _ = user_model.objects.get_or_create(
+            username=username, defaults={"password": make_password(None)}
+        )
         secret = CLIENT_PREFIX + secrets.token_urlsafe(32)
         key = ClientKey(
             user=user,
@@ -109,7 +113,10 @@ def client_keys_active() -> dict[str, KeyInfo]:
 def mgmt_token_create(*, username: str, name: str = "") -> tuple[ManagementToken, str]:
     user_model = get_user_model()
     with transaction.atomic():
-        user, _ = user_model.objects.get_or_create(username=username)
+        # A user created here logs in only once given a password (`ocx user create`).
+        user, _ = user_model.objects.get_or_create(
+            username=username, defaults={"password": make_password(None)}
+        )
         if not user.is_staff:
             user.is_staff = True
             user.save(update_fields=["is_staff"])

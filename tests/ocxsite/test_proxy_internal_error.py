@@ -34,7 +34,12 @@ def test_internal_failure_before_commit_is_an_openai_shaped_502() -> None:
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "path": "/v1/responses", "method": "POST", "headers": []}
+    scope = {
+        "type": "http",
+        "path": "/v1/responses",
+        "method": "POST",
+        "headers": [(b"host", b"localhost")],
+    }
     runtime = BrokenRuntime()
     app = ProxyApp(runtime=runtime)  # type: ignore[arg-type]
     asyncio.run(app(scope, receive, send))

@@ -352,3 +352,22 @@ def test_serve_prints_its_database_and_demo_user(tmp_path: Path) -> None:
         assert r.status_code == 200, r.text
     finally:
         stop()
+
+
+def test_user_made_by_key_create_has_no_password_and_can_be_deactivated(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from django.contrib.auth import get_user_model
+
+    # `ocx key create --user carol` / POST /api/keys create the user on the fly.
+    _, secret = access.client_key_create(username="carol")
+    carol = get_user_model().objects.get(username="carol")
+    assert not carol.has_usable_password()
+    assert run(capsys, "user", "list")[1].splitlines() == [
+        "carol  user   active    1 key(s)  (no password)"
+    ]
+    # A row from before unusable passwords were set (password "") deactivates too.
+    get_user_model().objects.filter(username="carol").update(password="")
+    code, out, err = run(capsys, "user", "deactivate", "carol")
+    assert (code, out, err) == (0, "Deactivated carol; 1 active key(s) no longer work.\n", "")
+    assert access.digest(secret) not in access.client_keys_active()
