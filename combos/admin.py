@@ -25,7 +25,7 @@ COMBO_HELP = {
     "(required for a native alias).",
     "strategy": "How a target is picked: failover = the first eligible target in the order "
     "below; round-robin / random = by weight; least-used; reset-window = the soonest quota "
-    "reset first. Empty is not allowed (default failover).",
+    "reset first. Default failover.",
     "sticky_limit": "Round-robin: successful requests a target serves before the next one "
     "takes over (1-100). Default 1; other strategies ignore it.",
     "cooldown_ms": "How long a failed target rests when the upstream sends no Retry-After or "
@@ -266,6 +266,8 @@ class ComboTargetInline(admin.TabularInline):  # type: ignore[type-arg]
     fields = ("position", "provider", "model", "weight", "last_resort")
     ordering = ("position",)
     classes = ("ocx-targets",)
+    verbose_name = "target"
+    verbose_name_plural = "targets, tried in this order (drag ☰ to reorder)"
 
     def get_extra(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> int:
         # A new combo starts with one empty target row; an existing one with none.
@@ -311,6 +313,11 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         ("Manual override", {"fields": ("override_target",)}),
         ("Live status", {"fields": ("live",)}),
     )
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        # A combo being added has no live status yet.
+        fieldsets = super().get_fieldsets(request, obj)
+        return fieldsets if obj is not None else fieldsets[:-1]
 
     def render_change_form(
         self,

@@ -408,6 +408,17 @@ def quota_report() -> dict[str, Any]:
     return {"credentials": out, "snapshots": stored}
 
 
+def badge_label(ts: TargetState) -> SafeString | str:
+    """The label with its end time as a `<time>` the browser shows in local time, counting
+    down (`ocx/localtime.js`); "Cooling until 14:05:03 UTC (in 42 s)" before it runs."""
+    text = LABELS[ts.state]
+    if ts.until is None or "{until}" not in text:
+        return label(ts)
+    from combos.times import until_html
+
+    return format_html("{}{}", text.split("{until}")[0], until_html(ts.until))
+
+
 def badges_html(states: Iterable[TargetState], combo_id: str) -> SafeString:
     parts = [
         format_html(
@@ -416,7 +427,7 @@ def badges_html(states: Iterable[TargetState], combo_id: str) -> SafeString:
             ts.target,
             ts.detail or "",
             ts.target,
-            label(ts),
+            badge_label(ts),
         )
         for ts in states
     ]

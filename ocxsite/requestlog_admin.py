@@ -166,12 +166,13 @@ class RequestLogAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "combo_name",
         "served",
         "hop_count",
-        "tokens",
     )
     list_display_links = ("when",)
     list_filter = (StatusClassFilter, TimeRangeFilter, ComboFilter, UserFilter, "stream")
     search_fields = ("request_id", "user", "requested_model", "target")
     list_per_page = 50
+    # A log is read, not edited: no bulk actions (and no checkbox column taking room).
+    actions = None
     # COUNT(*) over the whole log on every page view is what makes a big log slow.
     show_full_result_count = False
     fieldsets = (

@@ -1,15 +1,19 @@
 """The Django admin in a real browser (Debian's Chromium via Playwright) against a real
-`ocx serve`: log in, create providers and a combo with inline rows, see a validation error,
-reorder targets, and check that the proxy routes by the order saved through the admin.
+`ocx serve`, at 1280 and 1920 px: log in, create providers and a combo (one empty target row to
+start, models picked from each provider's declared models), see a validation error next to its
+field, drag a target to the top and check that the proxy serves the new first target; then the
+request log (filters, the route as tables) and that no badge or column is clipped.
 
-Screenshots of every step go to test-artifacts/browser/ (ignored by git).
+Screenshots of every step go to test-artifacts/browser/ (ignored by git; CI keeps them).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -95,9 +99,15 @@ def admin_server(server: Server) -> Server:
     return server
 
 
+WIDTHS = [1280, 1920]
+
+
 @pytest.fixture
-def page(admin_server: Server) -> Iterator[Any]:
+def page(admin_server: Server, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A browser page; its width is the test's `page` parameter (1280 px when it has none)."""
     from playwright.sync_api import sync_playwright
+
+    width = getattr(request, "param", 1280)
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
@@ -106,7 +116,7 @@ def page(admin_server: Server) -> Iterator[Any]:
             # A viewport taller than the pages: after a full-page screenshot that had to grow
             # the viewport, headless Chromium's clicks can land off target.
             context = browser.new_context(
-                base_url=admin_server.url, viewport={"width": 1280, "height": 2400}
+                base_url=admin_server.url, viewport={"width": width, "height": 2400}
             )
             page = context.new_page()
             page.set_default_timeout(10_000)
@@ -165,13 +175,31 @@ def add_provider(page: Any, name: str, base_url: str, api_key: str, model: str) 
     assert "was added successfully" in success_message(page), page.content()
 
 
-def fill_target(
-    page: Any, i: int, *, position: int, provider: str, model: str, weight: int
-) -> None:
-    page.fill(f"#id_targets-{i}-position", str(position))
+def target_rows(page: Any) -> Any:
+    return page.locator("#targets-group tbody tr.form-row:not(.empty-form)")
+
+
+def pick_target(page: Any, i: int, *, provider: str, model: str, weight: int) -> list[str]:
+    """Choose the provider, then the model from the picker; returns the picker's options."""
     page.select_option(f"#id_targets-{i}-provider", label=provider)
-    page.fill(f"#id_targets-{i}-model", model)
+    picker = page.locator(f"#targets-{i} select.ocx-model-select")
+    options = picker.locator("option").all_inner_texts()
+    picker.select_option(model)
+    assert page.input_value(f"#id_targets-{i}-model") == model
+    assert not page.locator(f"#id_targets-{i}-model").is_visible()  # the picker stands for it
     page.fill(f"#id_targets-{i}-weight", str(weight))
+    return options
+
+
+def drag_row(page: Any, source: int, before: int) -> None:
+    """Drag the handle of row `source` above row `before` (DOM order), with the mouse."""
+    rows = target_rows(page)
+    handle = rows.nth(source).locator(".ocx-drag").bounding_box()
+    top = rows.nth(before).bounding_box()
+    page.mouse.move(handle["x"] + handle["width"] / 2, handle["y"] + handle["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(handle["x"] + handle["width"] / 2, top["y"] + 3, steps=8)
+    page.mouse.up()
 
 
 def target_of(server: Server, key: str, combo_id: str) -> str:
@@ -190,22 +218,81 @@ def stored_targets(server: Server, combo_id: str) -> list[tuple[str, str, int]]:
     return [(t["provider"], t["model"], t.get("weight", 1)) for t in combos[combo_id]["targets"]]
 
 
+def logged(server: Server, combo_id: str, count: int) -> list[dict[str, Any]]:
+    """The request log rows of `combo_id` once `count` are written (batched off the hot path)."""
+    deadline = time.monotonic() + 15
+    while True:
+        rows = server.api.get("/api/requests", params={"combo": combo_id, "limit": 50}).json()
+        rows = rows["requests"] if isinstance(rows, dict) else rows
+        if len(rows) >= count or time.monotonic() > deadline:
+            every = server.api.get("/api/requests").json()
+            assert len(rows) == count, (rows, every, server.output[-30:])
+            return list(rows)
+        time.sleep(0.1)
+
+
+def assert_nothing_clipped(page: Any, cells: str, inner: str) -> None:
+    """Every `inner` element lies inside its `cells` ancestor, and the page has no sideways
+    scroll (so no column is pushed off-screen)."""
+    boxes = page.evaluate(
+        """([cells, inner]) => Array.from(document.querySelectorAll(inner)).map((el) => {
+             const cell = el.closest(cells).getBoundingClientRect();
+             const box = el.getBoundingClientRect();
+             return {text: el.textContent, left: box.left - cell.left,
+                     right: cell.right - box.right, width: box.width};
+           })""",
+        [cells, inner],
+    )
+    assert boxes, f"no {inner} on the page"
+    for box in boxes:
+        assert box["left"] >= -0.5 and box["right"] >= -0.5 and box["width"] > 0, box
+    # The changelist's table scrolls inside its own box: no cell may end past that box.
+    past = page.evaluate(
+        """() => {
+             const box = document.querySelector("#changelist .results");
+             if (!box) { return []; }
+             const edge = box.getBoundingClientRect().right;
+             return Array.from(box.querySelectorAll("th, td"))
+               .filter((c) => c.getBoundingClientRect().right > edge + 0.5)
+               .map((c) => c.className + ": " + c.textContent.trim());
+           }"""
+    )
+    assert past == [], past
+    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0, f"the page scrolls sideways by {overflow} px"
+
+
 def test_admin_static_files_are_served(admin_server: Server) -> None:
     """The admin needs its CSS and JS (inline "Add another" rows are JavaScript)."""
-    r = admin_server.http.get("/static/admin/js/inlines.js")
-    if r.status_code != 200:
-        pytest.xfail(
-            f"`ocx serve` does not serve /static/ (GET /static/admin/js/inlines.js -> "
-            f"{r.status_code}): the admin renders unstyled and without its JavaScript"
-        )
+    for path in (
+        "/static/admin/js/inlines.js",
+        "/static/ocx/combo-editor.js",
+        "/static/ocx/localtime.js",
+        "/static/ocx/requestlog.css",
+        "/static/ocx/combo-list.css",
+    ):
+        r = admin_server.http.get(path)
+        if r.status_code != 200:
+            pytest.xfail(
+                f"`ocx serve` does not serve /static/ (GET {path} -> {r.status_code}): the "
+                "admin renders unstyled and without its JavaScript"
+            )
 
 
-def test_admin_provider_combo_reorder_routes(page: Any, admin_server: Server, mock: Mock) -> None:
+@pytest.mark.parametrize("page", WIDTHS, indirect=True)
+def test_admin_combo_editor_reorder_routes_and_request_log(
+    page: Any, admin_server: Server, mock: Mock
+) -> None:
     server = admin_server
     upstream = mock.url + "/v1"
+    width = page.viewport_size["width"]
+    combo_id, user = f"browser{width}", f"browser-{width}"
+
+    def snap(name: str) -> None:
+        shot(page, f"{width}-{name}")
 
     login(page)
-    shot(page, "01-logged-in")
+    snap("01-logged-in")
 
     add_provider(page, "alpha", upstream, "sk-browser-alpha-0000000000000000", "m-alpha")
     add_provider(page, "beta", upstream, "sk-browser-beta-11111111111111111", "m-beta")
@@ -216,52 +303,145 @@ def test_admin_provider_combo_reorder_routes(page: Any, admin_server: Server, mo
     assert "m-alpha" in providers["alpha"]["models"]
     assert "sk-browser-alpha" not in str(providers)  # the key is write-only
 
-    # A combo with two targets; the second has an invalid weight.
+    # A new combo: one empty target row under id / display name / strategy.
     page.goto("/admin/combos/combo/add/")
-    page.fill("#id_combo_id", "browser")
-    a = add_inline_row(page, "targets")
+    assert page.input_value("#id_targets-TOTAL_FORMS") == "1"
+    assert target_rows(page).count() == 1
+    identity = page.locator("#id_strategy").bounding_box()
+    table = page.locator("#targets-group").bounding_box()
+    cooldown = page.locator("#id_cooldown_ms").bounding_box()
+    assert identity["y"] < table["y"] < cooldown["y"]
+    page.fill("#id_combo_id", combo_id)
+    # The model picker offers the chosen provider's declared models (and "Other").
+    options = pick_target(page, 0, provider="alpha", model="m-alpha", weight=1)
+    assert options == ["Choose a model…", "m-alpha", "Other model (not declared)…"]
     b = add_inline_row(page, "targets")
-    fill_target(page, a, position=0, provider="alpha", model="m-alpha", weight=1)
-    fill_target(page, b, position=1, provider="beta", model="m-beta", weight=0)
-    shot(page, "04-combo-bad-weight-filled")
+    options = pick_target(page, b, provider="beta", model="m-beta", weight=0)
+    assert options == ["Choose a model…", "m-beta", "Other model (not declared)…"]
+    snap("04-combo-bad-weight-filled")
     submit(page)
-    shot(page, "05-combo-bad-weight-error")
-    assert WEIGHT_ERROR in page.locator("#content").inner_text()
+    snap("05-combo-bad-weight-error")
+    # The error sits in the weight cell of its row, not above the table.
+    assert WEIGHT_ERROR in page.locator(f"#targets-{b} td.field-weight").inner_text()
+    assert page.locator("#targets-group .errorlist.nonform").count() == 0
     assert page.url.endswith("/admin/combos/combo/add/")
     assert server.api.get("/api/combos").json()["combos"] == []
 
-    # Fix the weight (the rows come back as entered) and save.
+    # The rows come back as entered, the picker showing the chosen model; fix and save.
     assert page.input_value(f"#id_targets-{b}-weight") == "0"
+    assert page.locator(f"#targets-{b} select.ocx-model-select").input_value() == "m-beta"
     page.fill(f"#id_targets-{b}-weight", "5")
     submit(page, "_continue")
-    shot(page, "06-combo-saved")
+    snap("06-combo-saved")
     assert "was added successfully" in success_message(page), page.content()
+    assert page.locator(".messagelist .warning").count() == 0  # both models are declared
     assert WEIGHT_ERROR not in page.content()
-    assert stored_targets(server, "browser") == [("alpha", "m-alpha", 1), ("beta", "m-beta", 5)]
+    assert stored_targets(server, combo_id) == [("alpha", "m-alpha", 1), ("beta", "m-beta", 5)]
 
-    key = server.create_key("browser-test")
-    assert target_of(server, key, "browser") == "alpha/m-alpha"
+    key = server.create_key(user)
+    assert target_of(server, key, combo_id) == "alpha/m-alpha"
 
-    # Reorder on the change page by editing the position fields: beta first.
-    rows = {
-        page.input_value(f"#id_targets-{i}-model"): i
-        for i in range(int(page.input_value("#id_targets-TOTAL_FORMS")))
-    }
-    page.fill(f"#id_targets-{rows['m-alpha']}-position", "1")
-    page.fill(f"#id_targets-{rows['m-beta']}-position", "0")
-    shot(page, "07-combo-reordered")
+    # Drag beta above alpha: the hidden positions follow the rows.
+    assert target_rows(page).nth(1).locator("input[name$='-model']").input_value() == "m-beta"
+    drag_row(page, 1, 0)
+    assert [
+        target_rows(page).nth(i).locator("input[name$='-model']").input_value() for i in (0, 1)
+    ] == ["m-beta", "m-alpha"]
+    assert [
+        target_rows(page).nth(i).locator("input.ocx-position").input_value() for i in (0, 1)
+    ] == ["0", "1"]
+    snap("07-combo-dragged")
     submit(page, "_continue")
-    shot(page, "08-combo-reordered-saved")
+    snap("08-combo-reordered-saved")
     assert "was changed successfully" in success_message(page), page.content()
-    assert stored_targets(server, "browser") == [("beta", "m-beta", 5), ("alpha", "m-alpha", 1)]
-    # The change page now lists beta first, with positions normalized to 0, 1.
+    assert stored_targets(server, combo_id) == [("beta", "m-beta", 5), ("alpha", "m-alpha", 1)]
     assert page.input_value("#id_targets-0-model") == "m-beta"
     assert page.input_value("#id_targets-0-position") == "0"
     assert page.input_value("#id_targets-1-position") == "1"
 
-    assert target_of(server, key, "browser") == "beta/m-beta"
+    # The proxy serves the new first target.
+    assert target_of(server, key, combo_id) == "beta/m-beta"
     assert [e["model"] for e in mock.log()] == ["m-alpha", "m-beta"]
 
+    # More traffic for the request log: a hop (beta fails and cools), then a refused request.
+    mock.script("m-beta", [{"status": 503}])
+    assert target_of(server, key, combo_id) == "alpha/m-alpha"
+    mock.script("m-alpha", [{"status": 400}])
+    r = server.http.post(
+        "/v1/responses",
+        json={"model": f"combo/{combo_id}", "input": "hi"},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    assert r.status_code == 400, r.text
+    rows = logged(server, combo_id, 4)
+    assert sorted(row["status"] for row in rows) == [200, 200, 200, 400]
+
     page.goto("/admin/combos/combo/")
-    shot(page, "09-combo-list")
+    snap("09-combo-list")
     assert "beta/m-beta, alpha/m-alpha" in page.locator("#result_list").inner_text()
+    badge = page.locator(f'.ocx-live[data-combo="{combo_id}"] [data-target="beta/m-beta"]')
+    # Cooling until a local time with a countdown, from the <time> element.
+    assert re.fullmatch(
+        r"beta/m-beta: Cooling until \d\d:\d\d:\d\d \(in (\d+ s|1 min)\)", badge.inner_text()
+    ), badge.inner_text()
+    assert_nothing_clipped(page, "td", ".ocx-badge")
+
+    # The request log: its columns fit, the filters narrow it, the detail shows the route.
+    page.goto(f"/admin/ocxsite/requestlog/?combo={combo_id}")
+    snap("10-request-log")
+    assert_nothing_clipped(page, "td", ".ocx-status")
+    head = page.locator("#result_list thead").inner_text()
+    for column in ("TIME", "STATUS", "DURATION", "USER", "COMBO", "SERVED BY", "HOPS"):
+        assert column in head.upper(), head
+    for th in ("column-status_badge", "column-duration"):
+        box = page.locator(f"#result_list th.{th}").bounding_box()
+        assert box["x"] + box["width"] <= width, (th, box)
+    times = page.locator("#result_list .field-when time").all_inner_texts()
+    assert len(times) == 4 and all(
+        re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", t) for t in times
+    ), times
+
+    def listed() -> list[str]:
+        return page.locator("#result_list td.field-status_badge").all_inner_texts()
+
+    with page.expect_navigation():
+        page.locator("#changelist-filter a", has_text="4xx refused").click()
+    snap("11-request-log-4xx")
+    assert listed() == ["400"]
+    with page.expect_navigation():
+        page.locator("#changelist-filter a", has_text="2xx success").click()
+    assert listed() == ["200", "200", "200"]
+    hops = page.locator("#result_list td.field-hop_count").all_inner_texts()
+    assert sorted(hops) == ["0", "0", "1"]
+    with page.expect_navigation():
+        page.locator("#changelist-filter a", has_text="Last hour").click()
+    assert listed() == ["200", "200", "200"]
+    with page.expect_navigation():
+        page.locator("#changelist-filter a", has_text=user).click()
+    assert listed() == ["200", "200", "200"]
+    assert f"user={user}" in page.url and "since=1h" in page.url and "status_class=2xx" in page.url
+    with page.expect_navigation():
+        page.locator("#changelist-filter a", has_text="5xx failed").click()
+    assert listed() == []
+    snap("12-request-log-filters")
+
+    # The hop's detail: the attempts table (the cooldown's end in local time) and no raw JSON.
+    page.goto(f"/admin/ocxsite/requestlog/?combo={combo_id}&status_class=2xx")
+    row = page.locator(
+        "#result_list tbody tr", has=page.locator("td.field-hop_count", has_text="1")
+    )
+    with page.expect_navigation():
+        row.locator("th.field-when a, td.field-when a").first.click()
+    snap("13-request-log-detail")
+    cells = [
+        [c.strip() for c in tr.locator("td").all_inner_texts()]
+        for tr in page.locator("#ocx-attempts tbody tr").all()
+    ]
+    assert [c[:5] for c in cells] == [
+        ["1", "beta/m-beta", "503", "hop", cells[0][4]],
+        ["2", "alpha/m-alpha", "200", "served", "—"],
+    ], cells
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(\+\d+ (s|min)\)", cells[0][5]), cells
+    assert cells[1][5] == "—"
+    assert "No target was skipped." in page.locator("#content").inner_text()
+    assert "cooledUntil" not in page.content()

@@ -140,7 +140,8 @@ def _field_errors(html: str, css_class: str) -> str:
     import re
 
     match = re.search(
-        rf'class="[^"]*\b{css_class}\b[^"]*".*?(?=<div class="form-row|<td class=|</tr>)',
+        rf'class="[^"]*\b{css_class}\b[^"]*".*?'
+        r'(?=<div class="form-row|<td class=|</tr>|</fieldset>)',
         html,
         re.S,
     )

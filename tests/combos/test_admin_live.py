@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -108,9 +109,18 @@ def test_badges_show_every_target_state(
     combo = Combo.objects.get(combo_id="main")
     page = staff.get(f"/admin/combos/combo/{combo.pk}/change/").content.decode()
     assert 'class="ocx-badge ocx-out_of_quota" data-target="p1/m1"' in page
-    assert "p1/m1: Out of quota until 20" in page
+    # End times are <time> elements the browser shows in its own zone, with a fallback.
+    assert re.search(
+        r'p1/m1: Out of quota until <time class="ocx-until" datetime="20\d\d-[-\dT:.]+Z">'
+        r"(\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d UTC \(in (59 min \d+ s|1 h 0 min)\)</time>",
+        page,
+    ), page
     assert 'class="ocx-badge ocx-cooling" data-target="p2/m2"' in page
-    assert "p2/m2: Cooling until 20" in page
+    assert re.search(
+        r'p2/m2: Cooling until <time class="ocx-until" datetime="[-\dT:.]+Z">'
+        r"(\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d UTC \(in (59 s|1 min)\)</time>",
+        page,
+    ), page
     assert "p3/m3: Probing" in page
     assert 'title="no quota data yet">p4/m4: Available' in page
     assert 'class="ocx-badge ocx-no_credential" data-target="p5/m5"' in page
@@ -157,9 +167,10 @@ def test_events_page_listens_on_the_websocket(staff: Client) -> None:
     page = staff.get("/admin/combos/combo/events/")
     assert page.status_code == 200
     body = page.content.decode()
-    assert 'id="ocx-events"' in body
-    assert "ocx/live.js" in body
-    script = staff.get("/static/ocx/live.js")
+    assert 'id="ocx-event-list"' in body
+    assert 'id="ocx-conn"' in body  # the connected/disconnected indicator
+    assert "ocx/events.js" in body
+    script = staff.get("/static/ocx/events.js")
     assert script.status_code == 200
     assert b"/ws/events" in b"".join(script.streaming_content)  # type: ignore[attr-defined]
 

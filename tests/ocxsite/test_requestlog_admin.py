@@ -69,7 +69,7 @@ def test_list_columns_local_time_to_the_second_and_hops(staff: Client) -> None:
     _row("req-a", at=AT, attempts=attempts)
     html = staff.get("/admin/ocxsite/requestlog/").content.decode()
     head = re.findall(r'<th scope="col" class="[^"]*column-(\w+)', html)
-    assert head[:8] == [
+    assert head == [
         "when",
         "status_badge",
         "duration",
@@ -77,7 +77,6 @@ def test_list_columns_local_time_to_the_second_and_hops(staff: Client) -> None:
         "combo_name",
         "served",
         "hop_count",
-        "tokens",
     ]
     # The browser formats the ISO time in its own zone; the fallback has the seconds too.
     assert (

@@ -18,6 +18,17 @@
             el.className = "ocx-badge ocx-" + t.state;
             el.title = t.detail || "";
             el.textContent = t.target + ": " + t.label;
+            var cut = t.label.indexOf(" until ");
+            if (t.until && cut >= 0) {
+              // The end time in the browser's zone, counting down (ocx/localtime.js).
+              el.textContent = t.target + ": " + t.label.slice(0, cut + 7);
+              var time = document.createElement("time");
+              time.className = "ocx-until";
+              time.setAttribute("datetime", t.until);
+              time.textContent = t.label.slice(cut + 7);
+              el.appendChild(time);
+              if (window.ocxLocalTime) { window.ocxLocalTime(el); }
+            }
           });
         });
     });
