@@ -72,6 +72,7 @@
       retry();
       return;
     }
+    window.ocxEvents.socket = socket;
     socket.onopen = function () {
       pause = 1000;
       indicate(true, "\u25CF live");
@@ -94,7 +95,7 @@
     pause = Math.min(pause * 2, 15000);
   }
 
-  window.ocxEvents = { eventItem: eventItem };
+  window.ocxEvents = { eventItem: eventItem, socket: null };
   document.addEventListener("DOMContentLoaded", function () {
     if (document.getElementById("ocx-event-list")) { connect(); }
   });
