@@ -6,6 +6,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.widgets import RelatedFieldWidgetWrapper
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -134,7 +135,7 @@ class ComboTargetFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
         super().clean()
         if any(self.errors):
             return
-        rows: list[tuple[int, int, forms.Form, dict[str, Any]]] = []
+        rows: list[tuple[int, int, forms.BaseForm, dict[str, Any]]] = []
         for n, form in enumerate(self.forms):
             data = getattr(form, "cleaned_data", None)
             if not data or data.get("DELETE"):
@@ -178,7 +179,7 @@ class ComboTargetFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
         if blocked is not None:
             raise forms.ValidationError(blocked)
 
-    def _place(self, issues: list[validate.Issue], ordered: list[forms.Form]) -> None:
+    def _place(self, issues: list[validate.Issue], ordered: list[forms.BaseForm]) -> None:
         """Each issue next to its field; what has no field goes above the targets table."""
         combo_form: forms.ModelForm[Any] | None = getattr(self.instance, "_combo_form", None)
         loose: list[str] = []
@@ -268,6 +269,16 @@ class ComboTargetInline(admin.TabularInline):  # type: ignore[type-arg]
     classes = ("ocx-targets",)
     verbose_name = "target"
     verbose_name_plural = "targets, tried in this order (drag ☰ to reorder)"
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        wrapper = getattr(field, "widget", None)
+        if isinstance(wrapper, RelatedFieldWidgetWrapper):
+            # Only "add a provider" beside the select; edit/delete/view crowd the row.
+            wrapper.can_change_related = False
+            wrapper.can_delete_related = False
+            wrapper.can_view_related = False
+        return field
 
     def get_extra(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> int:
         # A new combo starts with one empty target row; an existing one with none.

@@ -445,3 +445,52 @@ def test_admin_combo_editor_reorder_routes_and_request_log(
     assert cells[1][5] == "—"
     assert "No target was skipped." in page.locator("#content").inner_text()
     assert "cooledUntil" not in page.content()
+
+
+def test_admin_undeclared_model_and_keyboard_reorder(
+    page: Any, admin_server: Server, mock: Mock
+) -> None:
+    """ "Other model" keeps any id possible (saved with a warning); Alt+Up moves a row."""
+    server = admin_server
+    for name, model in (("gamma", "m-gamma"), ("delta", "m-delta")):
+        server.put_provider(
+            name,
+            {
+                "adapter": "openai-responses",
+                "baseUrl": mock.url + "/v1",
+                "apiKey": f"sk-browser-{name}-22222222222222",
+                "models": {model: {"contextWindow": 100000}},
+            },
+        )
+    login(page)
+    page.goto("/admin/combos/combo/add/")
+    page.fill("#id_combo_id", "keys")
+    pick_target(page, 0, provider="gamma", model="m-gamma", weight=1)
+    b = add_inline_row(page, "targets")
+    page.select_option(f"#id_targets-{b}-provider", label="delta")
+    page.locator(f"#targets-{b} select.ocx-model-select").select_option("__other__")
+    assert page.locator(f"#id_targets-{b}-model").is_visible()
+    page.fill(f"#id_targets-{b}-model", "m-delta-preview")
+    # Keyboard: focus the second row's handle, Alt+Up puts it first.
+    target_rows(page).nth(1).locator(".ocx-drag").focus()
+    page.keyboard.press("Alt+ArrowUp")
+    assert target_rows(page).nth(0).locator("input[name$='-model']").input_value() == (
+        "m-delta-preview"
+    )
+    shot(page, "20-combo-other-model")
+    submit(page, "_continue")
+    shot(page, "21-combo-other-model-saved")
+    assert "was added successfully" in success_message(page), page.content()
+    warnings = page.locator(".messagelist .warning").all_inner_texts()
+    assert warnings == [
+        'Target delta/m-delta-preview: provider "delta" does not declare model '
+        '"m-delta-preview" (declared: m-delta); it is sent upstream as typed.'
+    ]
+    assert stored_targets(server, "keys") == [
+        ("delta", "m-delta-preview", 1),
+        ("gamma", "m-gamma", 1),
+    ]
+    # Back on the change page, the undeclared id shows as "Other" with its text field.
+    assert page.locator("#targets-0 select.ocx-model-select").input_value() == "__other__"
+    assert page.input_value("#id_targets-0-model") == "m-delta-preview"
+    assert page.locator("#id_targets-0-model").is_visible()
