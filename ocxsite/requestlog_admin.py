@@ -260,3 +260,7 @@ class RequestLogAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        # Rows leave by the retention (OCX_REQUEST_LOG_RETENTION_DAYS), not by hand.
+        return False
