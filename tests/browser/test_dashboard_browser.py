@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.browser.test_admin_browser import (  # noqa: F401 - fixtures used by name
+    ARTIFACTS,
     WIDTHS,
     admin_server,
     login,
@@ -185,6 +186,8 @@ def test_dashboard_follows_live_traffic_and_events_page(
     assert hops == 1
     page.wait_for_timeout(300)  # let Chart.js finish painting for the screenshot
     shot(page, f"dashboard-02-cooling-{width}")
+    # The dashboard alone (docs/img/dashboard.png is made from the 1280 px one).
+    page.locator("#ocx-dashboard").screenshot(path=str(ARTIFACTS / f"dashboard-only-{width}.png"))
     page.click('#ocx-range button[data-range="24h"]')
     page.wait_for_function("() => window.ocxDashboard.data().range === '24h'")
     assert page.evaluate(TOTAL_JS, combo_id) >= 3

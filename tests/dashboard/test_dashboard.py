@@ -9,7 +9,6 @@ import datetime as dt
 import json
 import re
 import time
-from collections.abc import Iterator
 from html.parser import HTMLParser
 from urllib.parse import urlsplit
 
@@ -17,16 +16,16 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from combos.engine.state import ComboState, MemoryStateStore
+from combos import live
+from combos.engine.state import ComboState
 from combos.services import combo_set
 from dashboard import selectors, services
 from dashboard.models import KEEP, RoutingEvent
 from ocxsite.requestlog import RequestEntry
-from ocxsite.runtime import get_runtime
 from providers.services import provider_set
 from quota import windows as qw
 from quota.models import QuotaTransition
-from quota.tracker import MemoryJsonStore, Record
+from quota.tracker import Record
 from usage import services as usage_services
 from usage.models import LATENCY_BOUNDS_MS
 
@@ -39,16 +38,6 @@ def staff() -> Client:
     client = Client()
     client.force_login(user)
     return client
-
-
-@pytest.fixture
-def live_state() -> Iterator[tuple[MemoryStateStore, MemoryJsonStore]]:
-    runtime = get_runtime()
-    store, quota = runtime.store, runtime.tracker.store
-    assert isinstance(store, MemoryStateStore) and isinstance(quota, MemoryJsonStore)
-    yield store, quota
-    store._states.clear()
-    quota.data.clear()
 
 
 def _setup_combo() -> None:
@@ -177,12 +166,10 @@ def test_routing_events_are_stored_bounded_and_listed_with_quota_transitions() -
 
 
 def test_dashboard_is_the_admin_index_with_states_quota_charts_and_events(
-    staff: Client, live_state: tuple[MemoryStateStore, MemoryJsonStore]
+    staff: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store, quota = live_state
     _setup_combo()
     now = int(time.time() * 1000)
-    store._states["main"] = ComboState(cooldowns={"p1/m1": now + 90_000})
     window = qw.Window(
         name="five_hour",
         used_percent=100.0,
@@ -192,7 +179,13 @@ def test_dashboard_is_the_admin_index_with_states_quota_charts_and_events(
         source=qw.SOURCE_CODEX_HEADERS,
     )
     state, _ = qw.observe(qw.CredentialQuota("p2", "fp9"), [window], now=now)
-    quota.data["quota:p2:fp9"] = Record(state, (window,)).to_json()
+    # The live routing state as the server holds it (in memory or in Redis).
+    snapshot = live.LiveSnapshot(
+        "this process",
+        states={"main": ComboState(cooldowns={"p1/m1": now + 90_000})},
+        records={("p2", "fp9"): Record(state, (window,))},
+    )
+    monkeypatch.setattr(live, "load", lambda *a, **k: snapshot)
     services.routing_events_write(
         events=[
             {
