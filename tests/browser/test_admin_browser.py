@@ -169,9 +169,10 @@ def add_provider(page: Any, name: str, base_url: str, api_key: str, model: str) 
     i = add_inline_row(page, "models")
     page.fill(f"#id_models-{i}-model_id", model)
     page.fill(f"#id_models-{i}-context_window", "100000")
-    shot(page, f"02-provider-{name}-filled")
+    width = page.viewport_size["width"]
+    shot(page, f"{width}-02-provider-{name}-filled")
     submit(page)
-    shot(page, f"03-provider-{name}-saved")
+    shot(page, f"{width}-03-provider-{name}-saved")
     assert "was added successfully" in success_message(page), page.content()
 
 
@@ -467,8 +468,17 @@ def test_admin_undeclared_model_and_keyboard_reorder(
     page.fill("#id_combo_id", "keys")
     pick_target(page, 0, provider="gamma", model="m-gamma", weight=1)
     b = add_inline_row(page, "targets")
+    # A model typed before the provider is chosen stays, shown as "Other".
+    page.fill(f"#id_targets-{b}-model", "m-delta-preview")
     page.select_option(f"#id_targets-{b}-provider", label="delta")
-    page.locator(f"#targets-{b} select.ocx-model-select").select_option("__other__")
+    picker = page.locator(f"#targets-{b} select.ocx-model-select")
+    assert picker.input_value() == "__other__"
+    assert page.input_value(f"#id_targets-{b}-model") == "m-delta-preview"
+    assert page.locator(f"#id_targets-{b}-model").is_visible()
+    # Picking a declared model, then "Other" again, leaves the text field to type in.
+    picker.select_option("m-delta")
+    assert page.input_value(f"#id_targets-{b}-model") == "m-delta"
+    picker.select_option("__other__")
     assert page.locator(f"#id_targets-{b}-model").is_visible()
     page.fill(f"#id_targets-{b}-model", "m-delta-preview")
     # Keyboard: focus the second row's handle, Alt+Up puts it first.

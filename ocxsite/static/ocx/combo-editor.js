@@ -108,8 +108,11 @@
     option(picker, "", "Choose a model\u2026");
     models.forEach(function (m) { option(picker, m, m); });
     option(picker, OTHER, "Other model (not declared)\u2026");
-    if (providerChanged && !wasOther && models.indexOf(input.value) < 0) { input.value = ""; }
+    // A model picked for the previous provider does not carry over; a typed one does.
+    if (providerChanged && !wasOther && input.dataset.picked === "1" &&
+        models.indexOf(input.value) < 0) { input.value = ""; }
     if (models.indexOf(input.value) >= 0) {
+      input.dataset.picked = "1";
       picker.value = input.value;
       input.style.display = "none";
     } else if (input.value || wasOther) {
@@ -130,6 +133,7 @@
       input.focus();
     } else {
       input.value = picker.value;
+      input.dataset.picked = "1";
       input.style.display = "none";
     }
   }
@@ -163,6 +167,9 @@
       if (e.key === "ArrowDown" && i < rows.length - 1) { move(tr, rows[i + 2] || null); }
       handle.focus();
       e.preventDefault();
+    });
+    tbody.addEventListener("input", function (e) {
+      if (e.target.matches('input[name$="-model"]')) { e.target.dataset.picked = "0"; }
     });
     tbody.addEventListener("change", function (e) {
       var tr = e.target.closest("tr");
