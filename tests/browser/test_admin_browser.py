@@ -312,6 +312,14 @@ def test_admin_combo_editor_reorder_routes_and_request_log(
     table = page.locator("#targets-group").bounding_box()
     cooldown = page.locator("#id_cooldown_ms").bounding_box()
     assert identity["y"] < table["y"] < cooldown["y"]
+    # Every field says what empty means.
+    for field, text in (
+        ("cooldown_ms", "Empty = the upstream hint, else 60 s"),
+        ("sticky_limit", "Default 1"),
+        ("native_alias", "Off = the alias must not look like an OpenAI model."),
+        ("override_target", "Empty = automatic"),
+    ):
+        assert text in page.locator(f"#id_{field}_helptext").inner_text(), field
     page.fill("#id_combo_id", combo_id)
     # The model picker offers the chosen provider's declared models (and "Other").
     options = pick_target(page, 0, provider="alpha", model="m-alpha", weight=1)
@@ -487,9 +495,22 @@ def test_admin_undeclared_model_and_keyboard_reorder(
     assert target_rows(page).nth(0).locator("input[name$='-model']").input_value() == (
         "m-delta-preview"
     )
-    shot(page, "20-combo-other-model")
+    # An override that is not a target: the error sits under the override field.
+    page.fill("#id_override_target", "gamma/nope")
+    submit(page)
+    shot(page, "20-combo-override-error")
+    override = page.locator(".field-override_target .errorlist").inner_text()
+    assert override == 'override target "gamma/nope" is not one of this combo\'s targets'
+    assert page.locator("#targets-group .errorlist").count() == 0
+    assert server.api.get("/api/combos").json()["combos"] == []
+    # The rows came back as entered (the undeclared model as "Other"); clear the override.
+    assert target_rows(page).nth(0).locator("input[name$='-model']").input_value() == (
+        "m-delta-preview"
+    )
+    page.fill("#id_override_target", "")
+    shot(page, "21-combo-other-model")
     submit(page, "_continue")
-    shot(page, "21-combo-other-model-saved")
+    shot(page, "22-combo-other-model-saved")
     assert "was added successfully" in success_message(page), page.content()
     warnings = page.locator(".messagelist .warning").all_inner_texts()
     assert warnings == [

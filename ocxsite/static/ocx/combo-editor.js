@@ -149,6 +149,15 @@
     var data = document.getElementById("ocx-declared-models");
     declared = data ? JSON.parse(data.textContent) : {};
     var tbody = g.querySelector("tbody");
+    // Rows come back from a failed save in form order: show them in their saved order.
+    formRows(tbody)
+      .map(function (tr, i) {
+        var input = tr.querySelector("input.ocx-position");
+        var p = input ? parseInt(input.value, 10) : NaN;
+        return { tr: tr, i: i, p: isNaN(p) ? Infinity : p };
+      })
+      .sort(function (a, b) { return a.p === b.p ? a.i - b.i : (a.p < b.p ? -1 : 1); })
+      .forEach(function (row) { move(row.tr, null); });
     formRows(tbody).forEach(enhance);
     var template = tbody.querySelector("tr.empty-form");
     if (template) { addHandle(template); }
