@@ -9,13 +9,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from django.db import connection
+from django.db.models import CharField, F, Sum
+from django.db.models.functions import Substr, TruncHour
+
 from combos import live
-from combos.status import status_report
 from dashboard.models import RoutingEvent
 from quota import windows as qw
 from quota.models import QuotaTransition
-from usage.models import LATENCY_BOUNDS_MS, TTFT_BOUNDS_MS
-from usage.selectors import usage_rows
+from usage.models import LATENCY_BOUNDS_MS, MINUTE, TTFT_BOUNDS_MS, UsageRollup
 
 RangeName = Literal["1h", "24h", "7d"]
 # Range → (length in seconds, chart step in seconds).
@@ -51,60 +53,86 @@ def percentile(counts: Sequence[int], bounds: Sequence[int], q: float) -> int | 
     return bounds[-1]
 
 
-def _series(
-    rows: list[dict[str, Any]], column: str, *, start: int, step: int, points: int
-) -> dict[str, dict[str, list[int]]]:
-    out: dict[str, dict[str, list[int]]] = {}
-    for row in rows:
-        index = (int(row["bucket"].timestamp()) - start) // step
-        if not 0 <= index < points:
-            continue  # an hour row that began before the range (counted whole elsewhere)
-        name = row[column] or "(none)"
-        lines = out.get(name)
-        if lines is None:
-            lines = out[name] = {s: [0] * points for s in SERIES}
-        for s in SERIES:
-            lines[s][index] += row[s]
-    return dict(sorted(out.items()))
+def _hour(value: Any) -> int:
+    """A row's time step start in epoch seconds (a datetime, or SQLite's "YYYY-MM-DD HH")."""
+    if isinstance(value, str):
+        return int(
+            dt.datetime.strptime(value[:13], "%Y-%m-%d %H").replace(tzinfo=dt.UTC).timestamp()
+        )
+    return int(value.timestamp())
 
 
-def _top(rows: list[dict[str, Any]], column: str) -> list[dict[str, Any]]:
-    ranked = sorted(rows, key=lambda r: -(r["input_tokens"] + r["output_tokens"]))[:TOP]
-    return [
-        {
-            "name": r[column] or "(none)",
-            "input": r["input_tokens"],
-            "output": r["output_tokens"],
-        }
-        for r in ranked
-        if r["input_tokens"] or r["output_tokens"]
-    ]
+def _step_expr(step: int) -> Any:
+    """The rollup bucket truncated to the chart's step, computed by the database."""
+    if step == MINUTE:
+        return F("bucket")
+    if connection.vendor == "sqlite":
+        # Stored as "YYYY-MM-DD HH:MM:SS" (UTC): a substring, no per-row Python function.
+        return Substr("bucket", 1, 13, output_field=CharField())
+    return TruncHour("bucket", tzinfo=dt.UTC)
 
 
-def charts(range_name: str, *, now: float | None = None) -> dict[str, Any]:
-    """Everything the dashboard's charts show for one range: requests/errors/hops per combo and
-    per target per step (zero-filled), p50/p95 latency and TTFT per target, tokens per user
-    and per model. `start` is the first step's start in epoch ms."""
+def _sums(names: Sequence[str]) -> dict[str, Sum]:
+    return {name: Sum(name) for name in names}
+
+
+def _add(
+    into: dict[str, dict[str, list[int]]], name: str, row: dict[str, Any], i: int, n: int
+) -> None:
+    lines = into.get(name)
+    if lines is None:
+        lines = into[name] = {s: [0] * n for s in SERIES}
+    for s in SERIES:
+        lines[s][i] += row[s] or 0
+
+
+def _top(totals: dict[str, list[int]]) -> list[dict[str, Any]]:
+    ranked = sorted(totals.items(), key=lambda kv: -(kv[1][0] + kv[1][1]))[:TOP]
+    return [{"name": k, "input": v[0], "output": v[1]} for k, v in ranked if v[0] or v[1]]
+
+
+def _compute(range_name: str, now_s: int) -> dict[str, Any]:
     length, step = RANGES[range_name]
-    now_s = int(time.time() if now is None else now)
     points = length // step
     start = now_s // step * step - (points - 1) * step
-    since = dt.datetime.fromtimestamp(start, tz=dt.UTC)
-    until = dt.datetime.fromtimestamp(now_s + step, tz=dt.UTC)
-    by_combo = usage_rows(since=since, until=until, group=("combo", "bucket"), counters=SERIES)
-    by_target = usage_rows(since=since, until=until, group=("target", "bucket"), counters=SERIES)
-    timing = usage_rows(since=since, until=until, group=("target",), counters=LATENCY + TTFT)
-    users = usage_rows(since=since, until=until, group=("user",), counters=TOKENS)
-    models = usage_rows(since=since, until=until, group=("model",), counters=TOKENS)
-    latency = []
-    for row in timing:
-        lat = [row[c] for c in LATENCY]
-        ttft = [row[c] for c in TTFT]
-        if not row["target"] or not sum(lat):
+    rows = UsageRollup.objects.filter(
+        bucket__gte=dt.datetime.fromtimestamp(start, tz=dt.UTC),
+        bucket__lt=dt.datetime.fromtimestamp(now_s + step, tz=dt.UTC),
+    )
+    # Two scans of the range: per (combo, target, step) and per (target, user, model).
+    series: Any = rows.values("combo", "target", at=_step_expr(step)).annotate(**_sums(SERIES))
+    per_combo: dict[str, dict[str, list[int]]] = {}
+    per_target: dict[str, dict[str, list[int]]] = {}
+    for row in series.order_by():
+        i = (_hour(row["at"]) - start) // step
+        if 0 <= i < points:
+            _add(per_combo, row["combo"] or "(no combo)", row, i, points)
+            _add(per_target, row["target"] or "(none served)", row, i, points)
+    totals: Any = rows.values("target", "user", "model").annotate(**_sums(TOKENS + LATENCY + TTFT))
+    timing: dict[str, list[int]] = {}
+    users: dict[str, list[int]] = {}
+    models: dict[str, list[int]] = {}
+    for total in totals.order_by():
+        tokens = [total[c] or 0 for c in TOKENS]
+        for bucket, name in (
+            (users, total["user"] or "(none)"),
+            (models, total["model"] or "(none)"),
+        ):
+            have = bucket.setdefault(name, [0, 0])
+            have[0] += tokens[0]
+            have[1] += tokens[1]
+        if total["target"]:
+            hist = timing.setdefault(total["target"], [0] * (len(LATENCY) + len(TTFT)))
+            for j, c in enumerate(LATENCY + TTFT):
+                hist[j] += total[c] or 0
+    latency: list[dict[str, Any]] = []
+    for target, hist in timing.items():
+        lat, ttft = hist[: len(LATENCY)], hist[len(LATENCY) :]
+        if not sum(lat):
             continue
         latency.append(
             {
-                "target": row["target"],
+                "target": target,
                 "requests": sum(lat),
                 "p50": percentile(lat, LATENCY_BOUNDS_MS, 0.5),
                 "p95": percentile(lat, LATENCY_BOUNDS_MS, 0.95),
@@ -112,18 +140,44 @@ def charts(range_name: str, *, now: float | None = None) -> dict[str, Any]:
                 "ttftP95": percentile(ttft, TTFT_BOUNDS_MS, 0.95),
             }
         )
-    latency.sort(key=lambda r: -r["requests"])
+    latency.sort(key=lambda r: (-r["requests"], r["target"]))
     return {
         "range": range_name,
         "start": start * 1000,
         "step": step * 1000,
         "points": points,
-        "perCombo": _series(by_combo, "combo", start=start, step=step, points=points),
-        "perTarget": _series(by_target, "target", start=start, step=step, points=points),
+        "perCombo": dict(sorted(per_combo.items())),
+        "perTarget": dict(sorted(per_target.items())),
         "latency": latency[:TOP],
-        "tokensByUser": _top(users, "user"),
-        "tokensByModel": _top(models, "model"),
+        "tokensByUser": _top(users),
+        "tokensByModel": _top(models),
     }
+
+
+# Hour-step ranges change slowly: computed at most once a minute per worker, and again as
+# soon as a new rollup row exists (a new user, target or minute).
+_CACHE_S = 60.0
+_cache: dict[str, tuple[float, int, dict[str, Any]]] = {}
+
+
+def clear_cache() -> None:
+    _cache.clear()
+
+
+def charts(range_name: str, *, now: float | None = None) -> dict[str, Any]:
+    """Everything the dashboard's charts show for one range: requests/errors/hops per combo and
+    per target per step (zero-filled), p50/p95 latency and TTFT per target, tokens per user
+    and per model. `start` is the first step's start in epoch ms."""
+    now_s = int(time.time() if now is None else now)
+    if RANGES[range_name][1] == MINUTE or now is not None:
+        return _compute(range_name, now_s)
+    newest = UsageRollup.objects.order_by("-id").values_list("id", flat=True).first() or 0
+    hit = _cache.get(range_name)
+    if hit is not None and hit[1] == newest and time.monotonic() - hit[0] < _CACHE_S:
+        return hit[2]
+    data = _compute(range_name, now_s)
+    _cache[range_name] = (time.monotonic(), newest, data)
+    return data
 
 
 # -- Quota windows --------------------------------------------------------------------------
@@ -251,8 +305,3 @@ def recent_events(limit: int = 50) -> list[EventRow]:
     ]
     rows.sort(key=lambda r: r.at, reverse=True)
     return rows[:limit]
-
-
-def combos_report() -> dict[str, Any]:
-    """Every combo with its targets in order and each target's state (`/api/status`)."""
-    return status_report()
