@@ -74,6 +74,12 @@ def test_postgres_stopped_then_restarted(pg_server: Any, mock: Mock) -> None:
     assert r.headers["retry-after"] == "5"
     assert r.json()["error"].startswith("database unavailable")
     assert str(pg.port) not in r.text and "127.0.0.1" not in r.text  # nothing of the DSN
+    # A config write while the database is down: a clear 503, and nothing of it applied later.
+    w = server.api.put(
+        "/api/combos",
+        json={"id": "during", "combo": {"targets": [{"provider": "p1", "model": "fa"}]}},
+    )
+    assert w.status_code == 503, w.text
     ready = server.http.get("/readyz")
     assert ready.status_code == 200, ready.text
     assert ready.json()["status"] == "degraded"
@@ -95,6 +101,8 @@ def test_postgres_stopped_then_restarted(pg_server: Any, mock: Mock) -> None:
             f"request log not flushed: {r.status_code} {r.text[:200]}"
         )
         time.sleep(0.2)
-    assert server.api.get("/api/combos").status_code == 200
+    combos = server.api.get("/api/combos")
+    assert combos.status_code == 200
+    assert [c["id"] for c in combos.json()["combos"]] == ["main"]
     assert server.http.get("/readyz").json()["status"] == "ok"
     assert ask(server, headers).status_code == 200
