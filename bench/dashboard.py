@@ -98,8 +98,10 @@ def fill(rows: int, *, batch: int = 5000, seed: int = 7) -> float:
                 RequestEntry(
                     request_id=f"req-{i}",
                     at=now - WEEK_S * (1 - i / rows),  # oldest first, the newest now
-                    key_prefix=f"ocx_{rng.randrange(40):04d}",
-                    user=USERS[rng.randrange(len(USERS))],
+                    # Two keys per user.
+                    key_id=(key := rng.randrange(2 * len(USERS))) + 1,
+                    key_prefix=f"ocx_{key:04d}",
+                    user=USERS[key // 2],
                     requested_model=f"combo/{combo}",
                     combo=combo,
                     target="" if failed else target,
