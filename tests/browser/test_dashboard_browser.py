@@ -14,26 +14,58 @@ Screenshots go to test-artifacts/browser/ (dashboard-*.png, events-*.png).
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo
 
 import pytest
 
 from tests.browser.test_admin_browser import (  # noqa: F401 - fixtures used by name
     ARTIFACTS,
+    CHROMIUM,
+    LAUNCH_ARGS,
     WIDTHS,
     admin_server,
     login,
-    page,
     pytestmark,
     shot,
 )
 from tests.conftest import Mock, Server
 from tests.ocxsite.test_quota_failover import provider, sync
+
+# The browser's zone is not UTC: every time shown must be this zone's, none the server's UTC.
+ZONE = "America/New_York"
+
+
+@pytest.fixture
+def page(admin_server: Server, request: pytest.FixtureRequest) -> Iterator[Any]:  # noqa: F811
+    """A browser page in ZONE; its width is the test's `page` parameter."""
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
+        try:
+            context = browser.new_context(
+                base_url=admin_server.url,
+                viewport={"width": request.param, "height": 2400},
+                timezone_id=ZONE,
+            )
+            page = context.new_page()
+            page.set_default_timeout(10_000)
+            yield page
+        finally:
+            browser.close()
+
+
+def local_clock(epoch_s: float) -> str:
+    return dt.datetime.fromtimestamp(epoch_s, tz=ZoneInfo(ZONE)).strftime("%Y-%m-%d %H:%M")
+
 
 CODEX_LIMITS = {
     "x-codex-primary-used-percent": "42",
@@ -165,6 +197,9 @@ def test_dashboard_follows_live_traffic_and_events_page(
         "() => document.querySelectorAll('#ocx-event-list li.ocx-ev-hop').length >= 1"
     )
     texts = events.all_inner_texts()
+    # In the browser's zone (New York), not UTC: the hop happened within the last minute.
+    now = time.time()
+    assert texts[0][:16] in (local_clock(now), local_clock(now - 60)), (texts[0], now)
     assert any(f"combo/{combo_id}: hopped off {primary} (429" in t for t in texts), texts
     assert any(f"combo/{combo_id}: {primary} cooling until " in t for t in texts), texts
     assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ", t) for t in texts), texts
@@ -173,7 +208,9 @@ def test_dashboard_follows_live_traffic_and_events_page(
     quota = page.locator(f'#ocx-dash-live .ocx-quota[data-provider="fallback-{tag}"]')
     quota.wait_for()
     rows = quota.locator(".ocx-window").all_inner_texts()
-    assert re.match(r"5 h\s+42 %\s+resets \d\d:\d\d:\d\d \(in 1 h 29 min\)", rows[0]), rows
+    assert re.match(
+        r"5 h\s+42 %\s+resets (\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d \(in 1 h 29 min\)", rows[0]
+    ), rows
     assert re.match(r"7 d\s+17 %\s+resets ", rows[1]), rows
 
     # The requests chart gains the new traffic (rollups are written off the hot path).
