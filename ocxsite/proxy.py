@@ -209,60 +209,62 @@ class ProxyApp:
         exchange = Exchange(send, request_id)
         started = time.monotonic()
         outcome = "ok"
-        try:
-            with lifecycle.track():
+        # The whole request, its `finally` too (charge, last chunk, log entry): a drain must
+        # not see nothing in flight while a request still writes.
+        with lifecycle.track():
+            try:
                 await self._handle(scope, receive, exchange)
-        except asyncio.CancelledError:
-            if not lifecycle.stopping():
-                raise
-            # The worker's shutdown grace ran out: an explicit error, never a clean end.
-            outcome = "shutdown"
-            failure = lifecycle.SHUTDOWN_FAILURE
-            if not exchange.started:
-                await exchange.respond(
-                    failure.status,
-                    error_payload(failure.status, failure.type, failure.code, failure.message),
-                )
-            elif exchange.streaming and not exchange.upstream_done:
-                await exchange.write(terminal_error_frame(exchange.protocol, failure))
-        except HTTPFailure as exc:
-            outcome = exc.code or "error"
-            if not exchange.started:
-                await exchange.respond(exc.status, exc.body, exc.headers)
-        except ClientGone:
-            exchange.status = 499
-            outcome = "client_cancelled"
-        except Exception:
-            # A bug or a state backend failure (Redis down): never a bare 500 and never a
-            # stream that ends as if complete.
-            log.exception("request %s failed inside ocx", request_id)
-            outcome = "internal_error"
-            if not exchange.started:
-                await exchange.respond(
-                    502,
-                    error_payload(
-                        502,
-                        "server_error",
-                        "internal_error",
-                        f"ocx could not complete the request (request id {request_id})",
-                    ),
-                )
-            elif exchange.streaming and not exchange.upstream_done:
-                await exchange.write(
-                    terminal_error_frame(
-                        exchange.protocol, truncation_failure("was interrupted inside ocx")
+            except asyncio.CancelledError:
+                if not lifecycle.stopping():
+                    raise
+                # The worker's shutdown grace ran out: an explicit error, never a clean end.
+                outcome = "shutdown"
+                failure = lifecycle.SHUTDOWN_FAILURE
+                if not exchange.started:
+                    await exchange.respond(
+                        failure.status,
+                        error_payload(failure.status, failure.type, failure.code, failure.message),
                     )
-                )
-        finally:
-            if exchange.key is not None:
-                await self._charge(exchange)
-            if exchange.started:
-                try:
-                    await exchange.finish()
-                except OSError:
-                    outcome = "client_cancelled"
-            if exchange.logged:
-                self._log(exchange, outcome, time.monotonic() - started)
+                elif exchange.streaming and not exchange.upstream_done:
+                    await exchange.write(terminal_error_frame(exchange.protocol, failure))
+            except HTTPFailure as exc:
+                outcome = exc.code or "error"
+                if not exchange.started:
+                    await exchange.respond(exc.status, exc.body, exc.headers)
+            except ClientGone:
+                exchange.status = 499
+                outcome = "client_cancelled"
+            except Exception:
+                # A bug or a state backend failure (Redis down): never a bare 500 and never a
+                # stream that ends as if complete.
+                log.exception("request %s failed inside ocx", request_id)
+                outcome = "internal_error"
+                if not exchange.started:
+                    await exchange.respond(
+                        502,
+                        error_payload(
+                            502,
+                            "server_error",
+                            "internal_error",
+                            f"ocx could not complete the request (request id {request_id})",
+                        ),
+                    )
+                elif exchange.streaming and not exchange.upstream_done:
+                    await exchange.write(
+                        terminal_error_frame(
+                            exchange.protocol, truncation_failure("was interrupted inside ocx")
+                        )
+                    )
+            finally:
+                if exchange.key is not None:
+                    await self._charge(exchange)
+                if exchange.started:
+                    try:
+                        await exchange.finish()
+                    except OSError:
+                        outcome = "client_cancelled"
+                if exchange.logged:
+                    self._log(exchange, outcome, time.monotonic() - started)
 
     def _log(self, exchange: Exchange, outcome: str, elapsed: float) -> None:
         entry = exchange.entry

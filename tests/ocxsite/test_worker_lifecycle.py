@@ -242,3 +242,39 @@ def test_sighup_restarts_workers_without_a_failed_request(
     finally:
         done.set()
         stop()
+
+
+def test_a_request_runs_until_its_charge_and_log_entry_are_done(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A drain waits for the `finally` of a request too: its budget charge (a Redis call) and
+    its request-log entry, not only the handler."""
+    import asyncio
+
+    from ocxsite import lifecycle
+    from ocxsite.proxy import ProxyApp
+
+    seen: list[tuple[str, int]] = []
+    app = ProxyApp(runtime=object())  # type: ignore[arg-type]
+
+    async def handle(scope: Any, receive: Any, exchange: Any) -> None:
+        exchange.key = object()
+        exchange.logged = True
+
+    async def charge(exchange: Any) -> None:
+        await asyncio.sleep(0)
+        seen.append(("charge", lifecycle.inflight()))
+
+    def log_entry(exchange: Any, outcome: str, elapsed: float) -> None:
+        seen.append(("log", lifecycle.inflight()))
+
+    monkeypatch.setattr(app, "_handle", handle)
+    monkeypatch.setattr(app, "_charge", charge)
+    monkeypatch.setattr(app, "_log", log_entry)
+
+    async def nothing(*args: Any) -> Any:
+        return None
+
+    asyncio.run(app({"type": "http"}, nothing, nothing))
+    assert seen == [("charge", 1), ("log", 1)]
+    assert lifecycle.inflight() == 0
