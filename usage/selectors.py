@@ -163,6 +163,20 @@ def usage_report(query: UsageQuery) -> dict[str, Any]:
     }
 
 
+# A spreadsheet runs a cell starting with one of these as a formula (OWASP "CSV injection").
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell(value: Any) -> Any:
+    """A CSV cell: "" for None; a string a spreadsheet would run as a formula (the `model`
+    column is the client's requested model) gets a leading `'`; numbers as they are."""
+    if value is None:
+        return ""
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return value
+
+
 def report_csv(report: dict[str, Any]) -> str:
     """The rows of a report as CSV with a header line (no totals line)."""
     out = io.StringIO()
@@ -170,7 +184,7 @@ def report_csv(report: dict[str, Any]) -> str:
     writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
     for row in report["rows"]:
-        writer.writerow({k: "" if row.get(k) is None else row[k] for k in fields})
+        writer.writerow({k: _cell(row.get(k)) for k in fields})
     return out.getvalue()
 
 

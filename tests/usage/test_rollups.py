@@ -5,6 +5,7 @@ downsampling, retention, and the selectors behind `GET /api/usage` and `ocx usag
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime as dt
 import io
 import json
@@ -241,6 +242,31 @@ def test_report_groups_csv_and_buckets() -> None:
         ("ann", "2026-03-02T11:00:00Z", 1),
         ("bob", "2026-03-02T10:00:00Z", 1),
     ]
+
+
+@pytest.mark.django_db
+def test_csv_export_defuses_formula_cells() -> None:
+    # The model column is whatever the client asked for: a key holder could plant a formula.
+    planted = ['=HYPERLINK("http://evil","x")', "+1", "-2", "@SUM(A1)", "\tx", "ok=1"]
+    services.record_requests(
+        records=[dataclasses.replace(entry(), requested_model=m) for m in [*planted, "\rx"]]
+    )
+    report = selectors.usage_report(
+        selectors.build_query(by="model", since="1d", until=None, now=T0 + dt.timedelta(hours=1))
+    )
+    text = selectors.report_csv(report)
+    # Python 3.11's writer leaves a lone CR unquoted (a reader splits the row there): check raw.
+    assert "\n'\rx," in text
+    parsed = list(csv.DictReader(io.StringIO(text.replace("'\rx", "cr"), newline="")))
+    assert sorted(r["model"] for r in parsed) == sorted(
+        ["'" + m for m in planted[:-1]] + ["ok=1", "cr"]
+    )
+    # Numbers are not strings: unchanged.
+    assert {r["requests"] for r in parsed} == {"1"} and {r["inputTokens"] for r in parsed} == {
+        "100"
+    }
+    negative = {"by": ["model"], "rows": [{"model": "m", "requests": -3}]}
+    assert selectors.report_csv(negative).splitlines()[1].startswith("m,-3,")
 
 
 @pytest.mark.django_db
