@@ -239,7 +239,7 @@ class Listener:
                 backoff = BACKOFF_MIN_S
                 if not first:
                     log.info("config channel subscribed again")
-                    await self.on_notice(None)  # notices sent while disconnected were lost
+                    await self._deliver(None)  # notices sent while disconnected were lost
                 first = False
                 while not self._stopped:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5)
@@ -250,7 +250,7 @@ class Listener:
                         continue
                     self.received += 1
                     try:
-                        await self.on_notice(notice)
+                        await self._deliver(notice)
                     finally:
                         if notice.ack is not None:
                             await self._ack(client, notice.ack)
@@ -261,6 +261,16 @@ class Listener:
                 await _close(pubsub, client)
             await asyncio.sleep(backoff * (0.5 + self._rng.random()))
             backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    async def _deliver(self, notice: Notice | None) -> None:
+        import redis
+
+        try:
+            await self.on_notice(notice)
+        except (redis.RedisError, OSError):
+            raise  # the connection's: reconnect
+        except Exception:  # noqa: BLE001 - a failed handler must not end the listener for good
+            log.exception("config notice handler failed; still listening")
 
     async def _ack(self, client: Any, token: str) -> None:
         key = ack_key(self.prefix, token)

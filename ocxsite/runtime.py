@@ -201,14 +201,15 @@ class Runtime:
     async def _on_notice(self, notice: confignotify.Notice | None) -> None:
         """A write committed somewhere (None: a notice may have been missed): reload now."""
         # `ready()` may be loading a config read before this write: wait for it, then compare.
-        snapshot = self.snapshot or await self.ready()
-        if (
-            notice is not None
-            and notice.config_version <= snapshot.version
-            and notice.keys_version <= self.keys_version
-        ):
-            return  # this worker took the write, or a poll got there first
         try:
+            # Inside the `try`: a first load that fails (database down) must not end the listener.
+            snapshot = self.snapshot or await self.ready()
+            if (
+                notice is not None
+                and notice.config_version <= snapshot.version
+                and notice.keys_version <= self.keys_version
+            ):
+                return  # this worker took the write, or a poll got there first
             async with asyncio.timeout(confignotify.RELOAD_TIMEOUT_S):
                 if notice is not None and notice.config_version > snapshot.version:
                     # The notice says the config moved: load it without a version read first.

@@ -227,3 +227,44 @@ def test_a_reload_never_replaces_newer_config_or_keys_with_older(loop_thread: Lo
         return seen
 
     assert loop_thread.run(scenario()) == [(5, 7, True), (5, 7, True), (6, 7, True), (6, 8, False)]
+
+
+def test_a_notice_whose_first_load_fails_does_not_escape(
+    loop_thread: LoopThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database is down while a worker's first config load runs: the notice handler logs it
+    (the poll retries) instead of raising into the listener."""
+    from django.db import OperationalError
+
+    rt = runtime.Runtime()
+
+    async def failing_ready() -> ConfigSnapshot:
+        raise OperationalError("database is down")
+
+    monkeypatch.setattr(rt, "ready", failing_ready)
+    loop_thread.run(rt._on_notice(Notice(3, 3, None)))
+    loop_thread.run(rt._on_notice(None))
+
+
+@needs_redis
+def test_a_listener_keeps_listening_after_its_handler_fails(
+    channel_settings: str, loop_thread: LoopThread
+) -> None:
+    seen: list[Notice | None] = []
+
+    async def flaky(notice: Notice | None) -> None:
+        seen.append(notice)
+        if len(seen) == 1:
+            raise ValueError("a bug in a reload")
+
+    listener = Listener(REDIS_URL or "", channel_settings, flaky)
+    loop_thread.run(listener.start())
+    try:
+        assert confignotify.publish(3, 3) == 1  # acknowledged although the handler failed
+        assert confignotify.publish(4, 4) == 1  # and the listener still hears the next one
+        assert [(n.config_version, n.keys_version) for n in seen if n is not None] == [
+            (3, 3),
+            (4, 4),
+        ]
+    finally:
+        loop_thread.run(listener.stop())
