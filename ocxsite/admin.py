@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-from typing import Any
-
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
@@ -26,6 +24,10 @@ BUDGETS_HELP = (
 
 class BudgetsForm(forms.ModelForm):  # type: ignore[type-arg]
     """Stores budgets in their canonical form (one object is taken as a list of one)."""
+
+    class Meta:
+        # The admin's form factory derives its Meta from this one, so both admins show it.
+        help_texts = {"budgets": BUDGETS_HELP}
 
     def clean_budgets(self) -> object:
         try:
@@ -68,13 +70,6 @@ class ClientKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     )
     actions = ["revoke"]
 
-    def get_form(
-        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
-    ) -> type[forms.ModelForm[Any]]:
-        form = super().get_form(request, obj, change, **kwargs)
-        form.base_fields["budgets"].help_text = BUDGETS_HELP
-        return form
-
     @admin.display(description="budgets")
     def budget_list(self, obj: ClientKey) -> str:
         return _budgets_text(obj)
@@ -98,13 +93,6 @@ class UserBudgetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     search_fields = ("user__username",)
     fields = ("user", "budgets")
     raw_id_fields = ("user",)
-
-    def get_form(
-        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
-    ) -> type[forms.ModelForm[Any]]:
-        form = super().get_form(request, obj, change, **kwargs)
-        form.base_fields["budgets"].help_text = BUDGETS_HELP
-        return form
 
     @admin.display(description="budgets")
     def budget_list(self, obj: UserBudget) -> str:
