@@ -285,6 +285,16 @@ def run_checks(*, host: str) -> list[Check]:
 # --- --probe ---------------------------------------------------------------------------------
 
 
+def _url_without_secrets(url: str) -> str:
+    """`url` without userinfo, query or fragment: a base URL may carry a credential there."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    return parts._replace(netloc=netloc, query="", fragment="").geturl()
+
+
 def _probe_request(spec: object, model: str) -> tuple[str, dict[str, str], dict[str, object]]:
     """(url, headers, body) of the smallest request the adapter's upstream accepts."""
     from combos.engine.types import ProviderSpec
@@ -339,7 +349,8 @@ def probe_providers(*, timeout_s: float = 10.0) -> list[Check]:
             try:
                 resp = client.post(url, headers=headers, json=body)
             except httpx.HTTPError as exc:
-                out.append(Check(check, FAIL, f"{model}: {type(exc).__name__} ({url})"))
+                shown = _url_without_secrets(url)
+                out.append(Check(check, FAIL, f"{model}: {type(exc).__name__} ({shown})"))
                 continue
             if resp.status_code < 300:
                 out.append(Check(check, OK, f"{model}: HTTP {resp.status_code}"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -261,6 +262,28 @@ def test_doctor_probe_hits_each_provider_once(
         "probe-chat": "/v1/chat/completions",
     }
     assert all(e["stream"] is False for e in mock.log())
+
+
+def test_doctor_probe_failure_hides_userinfo_and_query_of_the_url(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with socket.socket() as sock:  # a port nothing listens on: the probe cannot connect
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    provider_services.provider_set(
+        name="o",
+        raw={
+            "preset": "openai",
+            "baseUrl": f"http://u:pw-in-url@127.0.0.1:{port}/v1?api-key=sk-in-query#frag",
+            "apiKey": "sk-probe-0123456789",
+            "apiKeyEnv": None,
+            "models": {"m": {"contextWindow": 1000}},
+        },
+    )
+    code, report = doctor_json(capsys, "--probe")
+    probe = next(c for c in report["checks"] if c["name"] == "probe o")  # type: ignore[attr-defined]
+    assert code == 1 and probe["verdict"] == "fail"
+    assert probe["detail"] == f"m: ConnectError (http://127.0.0.1:{port}/v1)"
 
 
 # --- data directory ---------------------------------------------------------------------
