@@ -535,7 +535,7 @@ def _malformed(events: tuple[SSEEvent, ...]) -> list[int]:
     for i, event in enumerate(events):
         if event.has_data and not event.is_done:
             try:
-                json.loads(event.data)
+                event.json()  # decoded once: the commit scanner has already done it
             except ValueError:
                 out.append(i)
     return out
@@ -620,11 +620,16 @@ async def _stream(
             return _frames(_client_events(events, drop_usage))
         return b"".join(translator.feed_event(e) for e in events)
 
-    def cut_at(events: tuple[SSEEvent, ...]) -> tuple[int, StreamFailure, str | None] | None:
+    def cut_at(
+        events: tuple[SSEEvent, ...], seen_bad: int
+    ) -> tuple[int, StreamFailure, str | None] | None:
         """Where this batch must stop: a malformed frame in a translated stream (a pass-through
-        forwards it as received, PRODUCT §5.4) or a call to an undeclared tool; else None."""
+        forwards it as received, PRODUCT §5.4) or a call to an undeclared tool; else None.
+        `seen_bad` is the scanner's malformed count before it read `events`: the frames are
+        only searched when that count went up."""
         found: list[tuple[int, StreamFailure, str | None]] = []
-        bad = _malformed_at(events) if translator is not None else None
+        searched = translator is not None and scanner.malformed > seen_bad
+        bad = _malformed_at(events) if searched else None
         if bad is not None:
             found.append((bad, truncation_failure("sent malformed stream data"), None))
         tool = undeclared_at(upstream, events, declared)
@@ -652,16 +657,18 @@ async def _stream(
 
     try:
         async for chunk in _chunks(resp, first_byte_ms, idle_ms):
+            seen_bad = scanner.malformed
             decision = scanner.feed(chunk)
             if decision.phase is Phase.FAILED:
                 assert decision.failure is not None
+                # A failure stops the scan at the failing frame, so search the whole batch.
                 if translator is not None and _malformed_at(decision.events) is not None:
                     cut_malformed = 1  # Anthropic: malformed data is a failure frame
                 return Outcome(
                     False, _failure_from_stream(decision.failure, "error"), malformed=bad_frames()
                 )
             usage = _scan_usage(decision.events, usage)
-            cut = cut_at(decision.events)
+            cut = cut_at(decision.events, seen_bad)
             if cut is not None:
                 cut_malformed = int(cut[2] is None)
                 # Before output this is a failed attempt (hop); after commit the client gets
@@ -705,6 +712,7 @@ async def _stream(
         if not scanner.terminal_seen:
             broken = truncation_failure("connection was cut")
     if broken is None:
+        seen_bad = scanner.malformed
         decision = scanner.finish()
         usage = _scan_usage(decision.events, usage)
         if not committed and decision.phase is Phase.FAILED:
@@ -715,7 +723,7 @@ async def _stream(
                 False, _failure_from_stream(decision.failure, "error"), malformed=bad_frames()
             )
         events = decision.events
-        cut = cut_at(events)
+        cut = cut_at(events, seen_bad)
         if cut is not None:
             cut_malformed = int(cut[2] is None)
             events = events[: cut[0]]

@@ -776,7 +776,15 @@ class AnthropicCommitScanner(CommitScanner):
         )
 
     def classify(self, event: SSEEvent) -> EventClass:
-        return _EVENT_CLASSES[classify_anthropic_event(event)]
+        cls = _EVENT_CLASSES[classify_anthropic_event(event)]
+        if cls is EventClass.FAILURE and event.has_data and not event.is_done:
+            try:
+                event.json()  # already decoded by the classifier: this only reads the result
+            except ValueError:
+                # Counted like the other protocols' MALFORMED frames (a translated stream's
+                # caller searches a batch for one only when this count went up).
+                self.malformed += 1
+        return cls
 
     def failure_of(self, event: SSEEvent) -> StreamFailure:
         return anthropic_stream_failure(event)

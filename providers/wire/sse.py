@@ -10,7 +10,7 @@ pass-through proxy can forward `raw` unchanged and never re-encode JSON. Lines m
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_MAX_FRAME_BYTES = 4 * 1024 * 1024
@@ -33,6 +33,9 @@ class SSEEvent:
     raw: bytes
     id: str | None = None
     has_data: bool = True
+    # `json()`'s result (or its decode error), so the commit scanner, the usage and tool-call
+    # checks and a translator decode a frame once between them.
+    _parsed: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def is_done(self) -> bool:
@@ -40,8 +43,18 @@ class SSEEvent:
         return self.has_data and self.data.strip() == DONE_DATA
 
     def json(self) -> Any:
-        """The `data` payload decoded as JSON; raises `ValueError` when it is not JSON."""
-        return json.loads(self.data)
+        """The `data` payload decoded as JSON; raises `ValueError` when it is not JSON. Decoded
+        once and shared by every caller: treat the result as read-only."""
+        parsed = self._parsed
+        if parsed is None:
+            try:
+                parsed = (json.loads(self.data),)
+            except ValueError as exc:
+                parsed = exc
+            object.__setattr__(self, "_parsed", parsed)  # a cache, not a change of value
+        if isinstance(parsed, ValueError):
+            raise parsed.with_traceback(None)
+        return parsed[0]
 
 
 class SSEParser:

@@ -11,7 +11,6 @@ tools the body does not list (`tool_search`, `additional_tools`), the check is o
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
@@ -153,7 +152,7 @@ def undeclared_in_frame(
     if declared is None or b'"name"' not in event.raw or not event.has_data:
         return None
     try:
-        payload = json.loads(event.data)
+        payload = event.json()  # decoded once: the commit scanner has usually done it already
     except ValueError:
         return None
     if not isinstance(payload, Mapping):
