@@ -9,10 +9,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from combos import selectors
 from combos.engine.catalog import catalog_json, catalog_problems, validate_catalog
+from providers.management.base import ExamplesCommand
 
 USAGE = """\
 ocx catalog write PATH
@@ -26,15 +27,11 @@ Codex reads the file once at start: restart it after writing.
 """
 
 
-class Command(BaseCommand):
+class Command(ExamplesCommand):
     help = "Write or show the Codex model catalog (model_catalog_json)."
 
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        # `ocx catalog --help`: the usage and examples below (ocxsite/cli.py prints them).
-        kwargs.setdefault("usage", USAGE)
-        kwargs.setdefault("epilog", EPILOG)
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-        return super().create_parser(prog_name, subcommand, **kwargs)
+    usage_line = USAGE
+    examples = EPILOG
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("args", nargs=argparse.REMAINDER)

@@ -6,13 +6,14 @@ import argparse
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from combos import selectors, services
 from combos.cli_parse import CliUsageError, build_set_request
 from combos.engine import validate
 from combos.engine.types import ComboSpec
 from providers.errors import ConfigError
+from providers.management.base import ExamplesCommand
 
 ALIASES = {"create": "set", "update": "set", "delete": "remove"}
 
@@ -62,15 +63,11 @@ Clients use the combo as the model `combo/ID` (or its alias).
 """
 
 
-class Command(BaseCommand):
+class Command(ExamplesCommand):
     help = "List, show, create/update, remove combos, and set their override mode."
 
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        # `ocx combo --help`: the usage and examples below (ocxsite/cli.py prints them).
-        kwargs.setdefault("usage", USAGE)
-        kwargs.setdefault("epilog", EPILOG)
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-        return super().create_parser(prog_name, subcommand, **kwargs)
+    usage_line = USAGE
+    examples = EPILOG
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("args", nargs=argparse.REMAINDER)

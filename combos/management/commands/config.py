@@ -7,10 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from combos import selectors, services
 from providers.errors import ConfigError
+from providers.management.base import ExamplesCommand
 
 USAGE = """\
 ocx config load FILE [--replace]
@@ -27,15 +28,11 @@ examples:
 """
 
 
-class Command(BaseCommand):
+class Command(ExamplesCommand):
     help = "Load (atomically) or dump the configuration document."
 
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        # `ocx config --help`: the usage and examples below (ocxsite/cli.py prints them).
-        kwargs.setdefault("usage", USAGE)
-        kwargs.setdefault("epilog", EPILOG)
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-        return super().create_parser(prog_name, subcommand, **kwargs)
+    usage_line = USAGE
+    examples = EPILOG
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("args", nargs=argparse.REMAINDER)

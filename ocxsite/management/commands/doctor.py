@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from ocxsite import doctor
+from providers.management.base import ExamplesCommand
 
 EPILOG = """\
 checks: migrations applied, secret key source, Redis reachable (when REDIS_URL is set),
@@ -26,13 +26,10 @@ OCX_ALLOWED_HOSTS and the providers' key variables).
 """
 
 
-class Command(BaseCommand):
+class Command(ExamplesCommand):
     help = "Check the setup: data directory, database, keys, hosts, providers, combos, catalog."
 
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        kwargs.setdefault("epilog", EPILOG)
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-        return super().create_parser(prog_name, subcommand, **kwargs)
+    examples = EPILOG
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(

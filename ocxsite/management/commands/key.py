@@ -10,11 +10,12 @@ import argparse
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from ocxsite import access, key_services
 from ocxsite.budgets import BudgetError, parse_cli_budget, stored_budgets
 from ocxsite.models import ClientKey
+from providers.management.base import ExamplesCommand
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,15 +46,11 @@ Codex sends the key as its bearer token: export OCX_API_KEY=ocx_... (env_key in 
 """
 
 
-class Command(BaseCommand):
+class Command(ExamplesCommand):
     help = "Create, list, change and revoke client keys; set key and user budgets."
 
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        # `ocx key --help`: the usage and examples below (ocxsite/cli.py prints them).
-        kwargs.setdefault("usage", USAGE)
-        kwargs.setdefault("epilog", EPILOG)
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-        return super().create_parser(prog_name, subcommand, **kwargs)
+    usage_line = USAGE
+    examples = EPILOG
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("args", nargs=argparse.REMAINDER)

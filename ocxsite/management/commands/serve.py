@@ -15,7 +15,9 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
+
+from providers.management.base import ExamplesCommand
 
 WORKERS_NEED_REDIS = (
     "--workers {n} needs REDIS_URL: cooldowns, rotation and quota state must be shared "
@@ -128,14 +130,10 @@ See docs/deployment.md for PostgreSQL, Redis and running behind a reverse proxy.
 """
 
 
-class Command(BaseCommand):
+class Command(ExamplesCommand):
     help = "Apply migrations and serve ocx with Daphne (or uvicorn, see --server)."
 
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        # `ocx serve --help`: the usage and examples below (ocxsite/cli.py prints them).
-        kwargs.setdefault("epilog", EPILOG)
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-        return super().create_parser(prog_name, subcommand, **kwargs)
+    examples = EPILOG
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(

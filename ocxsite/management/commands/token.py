@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from ocxsite import access
+from providers.management.base import ExamplesCommand
 
 USAGE = """\
 ocx token create --user USER
@@ -21,15 +22,11 @@ examples:
 """
 
 
-class Command(BaseCommand):
+class Command(ExamplesCommand):
     help = "Create a management token for a staff user (the user is made staff)."
 
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        # `ocx token --help`: the usage and examples below (ocxsite/cli.py prints them).
-        kwargs.setdefault("usage", USAGE)
-        kwargs.setdefault("epilog", EPILOG)
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-        return super().create_parser(prog_name, subcommand, **kwargs)
+    usage_line = USAGE
+    examples = EPILOG
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("args", nargs=argparse.REMAINDER)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import getpass
 import sys
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from ocxsite import users
+from providers.management.base import ExamplesCommand
 
 EPILOG = """\
 examples:
@@ -24,13 +24,10 @@ Staff users log in to the admin at /admin/. Client keys for a user: ocx key crea
 """
 
 
-class Command(BaseCommand):
+class Command(ExamplesCommand):
     help = "Create, list and deactivate users (staff users log in to /admin/)."
 
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        kwargs.setdefault("epilog", EPILOG)
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-        return super().create_parser(prog_name, subcommand, **kwargs)
+    examples = EPILOG
 
     def add_arguments(self, parser: CommandParser) -> None:
         subs = parser.add_subparsers(dest="sub", metavar="create|list|deactivate")

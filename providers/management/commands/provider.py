@@ -9,10 +9,11 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from providers import presets, selectors, services
 from providers.errors import ConfigError
+from providers.management.base import ExamplesCommand
 from providers.models import Provider
 
 
@@ -83,15 +84,11 @@ examples:
 """
 
 
-class Command(BaseCommand):
+class Command(ExamplesCommand):
     help = "List, show, add (from a preset), create/update and remove providers."
 
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        # `ocx provider --help`: the usage and examples below (ocxsite/cli.py prints them).
-        kwargs.setdefault("usage", USAGE)
-        kwargs.setdefault("epilog", EPILOG)
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-        return super().create_parser(prog_name, subcommand, **kwargs)
+    usage_line = USAGE
+    examples = EPILOG
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("args", nargs=argparse.REMAINDER)

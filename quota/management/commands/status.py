@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from combos.status import status_report
+from providers.management.base import ExamplesCommand
 
 USAGE = """\
 ocx status [COMBO] [--json]
@@ -21,15 +21,11 @@ Without REDIS_URL live state lives in the server process: ask GET /api/status fo
 """
 
 
-class Command(BaseCommand):
+class Command(ExamplesCommand):
     help = "Show what each combo would do now and why."
 
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        # `ocx status --help`: the usage and examples below (ocxsite/cli.py prints them).
-        kwargs.setdefault("usage", USAGE)
-        kwargs.setdefault("epilog", EPILOG)
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-        return super().create_parser(prog_name, subcommand, **kwargs)
+    usage_line = USAGE
+    examples = EPILOG
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("combo", nargs="?", help="one combo id (default: every combo)")

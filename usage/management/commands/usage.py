@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.utils import timezone
 
+from providers.management.base import ExamplesCommand
 from usage import selectors
 
 EPILOG = """\
@@ -20,14 +20,9 @@ examples:
 """
 
 
-class Command(BaseCommand):
+class Command(ExamplesCommand):
     help = "Token usage per user, key, combo, target or model over a time range."
-
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        # `ocx usage --help`: the examples below (ocxsite/cli.py prints them).
-        kwargs.setdefault("epilog", EPILOG)
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-        return super().create_parser(prog_name, subcommand, **kwargs)
+    examples = EPILOG
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
