@@ -68,6 +68,26 @@ end
 return out
 """
 
+# Write back one field a worker kept while Redis was out: KEYS[1] = a hash; ARGV = value
+# field, reset field, value, reset ms, same-window ms, hash ttl ms. A later window replaces
+# the field; in the same window the higher value wins (never lowered); an older one is dropped.
+_RAISE = """
+local v = tonumber(ARGV[3])
+local reset = tonumber(ARGV[4])
+local tol = tonumber(ARGV[5])
+local cr = redis.call('HGET', KEYS[1], ARGV[2])
+if cr == false or reset > tonumber(cr) + tol then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[3], ARGV[2], ARGV[4])
+elseif reset >= tonumber(cr) - tol then
+  local cv = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+  if v > cv then redis.call('HSET', KEYS[1], ARGV[1], ARGV[3]) end
+else
+  return 0
+end
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[6]))
+return 1
+"""
+
 
 class MemoryBudgetStore:
     """Per-process counters (no Redis): exact within one worker."""
@@ -84,6 +104,13 @@ class MemoryBudgetStore:
             value, expires = self._counters.get(name, (0, 0))
             values.append(value if expires > now_ms else 0)
         return values, [dict(self._hashes.get(h, {})) for h in hashes]
+
+    def seed(self, name: str, data: dict[str, str]) -> None:
+        """Take a hash as read from the shared store (`redis_guard`: the copy for an outage)."""
+        self._hashes[name] = dict(data)
+
+    def peek(self, name: str) -> dict[str, str]:
+        return self._hashes.get(name, {})
 
     async def add(self, name: str, amount: int, expire_at_ms: int, now_ms: int) -> int:
         if len(self._counters) > 10_000:
@@ -143,6 +170,7 @@ class RedisBudgetStore:
             url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
         )
         self._attribute = self.redis.register_script(_ATTRIBUTE)
+        self._raise = self.redis.register_script(_RAISE)
 
     async def read(
         self, counters: Sequence[str], hashes: Sequence[str], now_ms: int
@@ -182,3 +210,12 @@ class RedisBudgetStore:
         )
         values = [float(v) for v in out]
         return values[0], values[1:]
+
+    async def raise_field(
+        self, name: str, value_field: str, reset_field: str, value: float, reset_ms: int
+    ) -> None:
+        """Merge a value kept while Redis was out: the higher one wins within a window."""
+        await self._raise(
+            keys=[name],
+            args=[value_field, reset_field, repr(value), reset_ms, SAME_WINDOW_MS, HASH_TTL_MS],
+        )

@@ -77,6 +77,7 @@ class RedisBreaker:
         self.failures = 0  # times the breaker opened
         self.last_resync: dict[str, object] = {}
         self._resyncs: list[Callable[[], Awaitable[int]]] = []
+        self._pending: list[Callable[[], bool]] = []
         self._client = aioredis.Redis.from_url(
             url, socket_timeout=max(timeout_s, 1.0), socket_connect_timeout=max(timeout_s, 1.0)
         )
@@ -87,9 +88,14 @@ class RedisBreaker:
     def open(self) -> bool:
         return self.degraded_since is not None
 
-    def on_recover(self, resync: Callable[[], Awaitable[int]]) -> None:
-        """`resync()` writes this worker's local changes back; returns how many it merged."""
+    def on_recover(
+        self, resync: Callable[[], Awaitable[int]], pending: Callable[[], bool] | None = None
+    ) -> None:
+        """`resync()` writes this worker's local changes back; returns how many it merged.
+        `pending()`: whether local changes are still waiting (made while another resync ran)."""
         self._resyncs.append(resync)
+        if pending is not None:
+            self._pending.append(pending)
 
     async def call(self, op: Callable[[], Awaitable[R]]) -> tuple[bool, R | None]:
         if self.degraded_since is not None:
@@ -133,10 +139,12 @@ class RedisBreaker:
             except REDIS_ERRORS:
                 continue
             try:
-                async with asyncio.timeout(RESYNC_TIMEOUT_S):
-                    merged = sum([await resync() for resync in self._resyncs])
+                merged = await self._resync_all()
             except REDIS_ERRORS as exc:
                 log.warning("redis answered but the resync failed (%s); retrying", _describe(exc))
+                continue
+            except Exception:  # noqa: BLE001 - a bug must not keep the breaker open for good
+                log.exception("resync after a redis outage failed; retrying")
                 continue
             # No await between the last resync and closing: no local write can slip in between.
             assert self.degraded_since is not None
@@ -151,6 +159,17 @@ class RedisBreaker:
             )
             self._notify(False, dict(self.last_resync))
             return
+
+    async def _resync_all(self) -> int:
+        merged = 0
+        async with asyncio.timeout(RESYNC_TIMEOUT_S):
+            while True:
+                for resync in self._resyncs:
+                    merged += await resync()
+                # A request routing locally may have changed a store whose resync already ran
+                # (while a later one awaited): go round again until nothing waits.
+                if not any(pending() for pending in self._pending):
+                    return merged
 
     def _notify(self, degraded: bool, detail: dict[str, object]) -> None:
         if self.on_change is not None:
@@ -199,7 +218,7 @@ class GuardedStateStore:
         self.local = MemoryStateStore()
         self.breaker = breaker
         self._dirty: set[str] = set()
-        breaker.on_recover(self.resync)
+        breaker.on_recover(self.resync, lambda: bool(self._dirty))
 
     async def get(self, combo_id: str) -> ComboState:
         ok, state = await self.breaker.call(lambda: self.shared.get(combo_id))
@@ -267,7 +286,7 @@ class GuardedJsonStore:
         self.local = MemoryJsonStore()
         self.breaker = breaker
         self._dirty: set[str] = set()
-        breaker.on_recover(self.resync)
+        breaker.on_recover(self.resync, lambda: bool(self._dirty))
 
     async def get_many(self, keys: list[str]) -> list[dict[str, Any] | None]:
         ok, values = await self.breaker.call(lambda: self.shared.get_many(keys))
@@ -372,7 +391,14 @@ class GuardedBudgetStore:
     While degraded a counter reads as the last shared value this worker saw plus its own
     spending since, times the number of workers: each worker may spend its `1 / workers`
     share of what was left (the `limit / workers` rule, started from the known total). When
-    Redis returns, the spending of the outage is added to the shared counters."""
+    Redis returns, the spending of the outage is added to the shared counters.
+
+    Window budgets while degraded run on a local copy of the window hashes and of the
+    last-seen used-percents, seeded by every shared read and charge of this worker, so a
+    used-up window budget keeps refusing and a rise is measured from the last value known.
+    When Redis returns, the local last-seen values and window points are written back (the
+    higher value wins within a window) before the shared store charges again, so the first
+    answer after the outage is not charged the whole outage's rise."""
 
     def __init__(self, shared: Any, breaker: RedisBreaker, workers: int) -> None:
         from ocxsite.budget_store import MemoryBudgetStore
@@ -383,7 +409,9 @@ class GuardedBudgetStore:
         self.workers = max(1, workers)
         self._seen: dict[str, int] = {}  # counter -> last shared value
         self._spent: dict[str, tuple[int, int]] = {}  # counter -> (outage spending, expiry)
-        breaker.on_recover(self.resync)
+        # (hash, value field, reset field) changed locally while degraded
+        self._dirty: set[tuple[str, str, str]] = set()
+        breaker.on_recover(self.resync, lambda: bool(self._spent or self._dirty))
 
     def _estimate(self, name: str, now_ms: int) -> int:
         spent, expires = self._spent.get(name, (0, 0))
@@ -398,19 +426,28 @@ class GuardedBudgetStore:
             if len(self._seen) > 10_000:
                 self._seen.clear()  # only a starting point for an outage
             self._seen.update(zip(counters, got[0], strict=True))
+            for name, data in zip(hashes, got[1], strict=True):
+                self.local.seed(name, data)
             return got  # type: ignore[no-any-return]
         _, maps = await self.local.read([], hashes, now_ms)
         return [self._estimate(name, now_ms) for name in counters], maps
 
     async def add(self, name: str, amount: int, expire_at_ms: int, now_ms: int) -> int:
+        sent = not self.breaker.open
         ok, value = await self.breaker.call(
             lambda: self.shared.add(name, amount, expire_at_ms, now_ms)
         )
         if ok:
             self._seen[name] = int(value or 0)
             return int(value or 0)
-        spent, expires = self._spent.get(name, (0, 0))
-        self._spent[name] = ((spent if expires > now_ms else 0) + amount, expire_at_ms)
+        if not sent:
+            # Never sent to Redis (the breaker was open): this worker's spending of the outage,
+            # added to the shared counter when Redis returns.
+            spent, expires = self._spent.get(name, (0, 0))
+            self._spent[name] = ((spent if expires > now_ms else 0) + amount, expire_at_ms)
+        # Else the call failed or timed out with the breaker closed: the INCRBY may have run
+        # on the server, so it is not counted again (at most once: a charge may be lost, never
+        # counted twice).
         return self._estimate(name, now_ms)
 
     async def attribute(
@@ -421,19 +458,71 @@ class GuardedBudgetStore:
         )
         if ok:
             assert got is not None
+            self._mirror(seen, hashes, field, used, reset_ms, got)
             return got  # type: ignore[no-any-return]
-        return await self.local.attribute(seen, hashes, field, used, reset_ms, now_ms)
+        rise, points = await self.local.attribute(seen, hashes, field, used, reset_ms, now_ms)
+        self._dirty.add((seen, "u", "r"))
+        if rise > 0:
+            self._dirty.update((name, field, field + "|r") for name in hashes)
+        return rise, points
+
+    def _mirror(
+        self,
+        seen: str,
+        hashes: Any,
+        field: str,
+        used: float,
+        reset_ms: int,
+        got: tuple[float, list[float]],
+    ) -> None:
+        """Keep the local copy what the shared script just made of the last-seen value and of
+        the scope hashes (the starting point if Redis goes out)."""
+        from ocxsite.budget_store import SAME_WINDOW_MS
+
+        last = self.local.peek(seen)
+        if not last or reset_ms > int(last["r"]) + SAME_WINDOW_MS:
+            self.local.seed(seen, {"u": repr(used), "r": str(reset_ms)})
+        elif reset_ms >= int(last["r"]) - SAME_WINDOW_MS:
+            self.local.seed(seen, {**last, "u": repr(used)})
+        rise, points = got
+        if rise <= 0:
+            return
+        for name, value in zip(hashes, points, strict=True):
+            data = dict(self.local.peek(name))
+            data[field] = repr(value)
+            reset = data.get(field + "|r")
+            if reset is None or reset_ms > int(reset) + SAME_WINDOW_MS:
+                data[field + "|r"] = str(reset_ms)
+            self.local.seed(name, data)
 
     async def resync(self) -> int:
-        now_ms = int(time.time() * 1000)
         merged = 0
+        # Window values first: the last-seen used-percents and window points of the outage go
+        # up (the higher wins) before any shared charge runs again.
+        while self._dirty:
+            item = self._dirty.pop()
+            name, value_field, reset_field = item
+            data = self.local.peek(name)
+            if value_field not in data or reset_field not in data:
+                continue
+            try:
+                await self.shared.raise_field(
+                    name, value_field, reset_field, float(data[value_field]), int(data[reset_field])
+                )
+            except BaseException:
+                self._dirty.add(item)
+                raise
+            merged += 1
+        now_ms = int(time.time() * 1000)
         while self._spent:
-            name, (amount, expires) = self._spent.popitem()
+            counter, (amount, expires) = self._spent.popitem()
             if expires > now_ms and amount:
                 try:
-                    self._seen[name] = int(await self.shared.add(name, amount, expires, now_ms))
+                    self._seen[counter] = int(
+                        await self.shared.add(counter, amount, expires, now_ms)
+                    )
                 except BaseException:
-                    self._spent[name] = (amount, expires)
+                    self._spent[counter] = (amount, expires)
                     raise
                 merged += 1
         return merged

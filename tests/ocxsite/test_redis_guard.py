@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import signal
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from combos.engine.state import ComboState, _frozen
-from ocxsite.budget_store import RedisBudgetStore
+from ocxsite.budget_gate import BudgetGate
+from ocxsite.budget_store import MemoryBudgetStore, RedisBudgetStore
+from ocxsite.budgets import ScopedBudget, WindowBudget
 from ocxsite.ratelimit import RedisLimiter
 from ocxsite.redis_guard import (
     GuardedBudgetStore,
@@ -151,3 +155,136 @@ def test_degraded_and_recovered_events_reach_ws_events_subscribers() -> None:
     assert "Redis unreachable (ConnectionError)" in str(degraded["message"])
     assert back["status"] == "ok" and back["mergedStates"] == 2
     assert str(back["message"]).startswith("Redis available again after 3.5 s: 2 state(s)")
+
+
+def test_a_charge_that_timed_out_is_not_counted_again(redis_server: RedisServer) -> None:
+    """One timeout leaves the breaker closed, but the INCRBY may have run on the server: the
+    amount is not also kept for the write-back (at most once)."""
+
+    class AnswerLost(MemoryBudgetStore):
+        async def add(self, name: str, amount: int, expire_at_ms: int, now_ms: int) -> int:
+            value = await super().add(name, amount, expire_at_ms, now_ms)
+            await asyncio.Event().wait()  # written, but the answer never arrives
+            return value
+
+    async def run() -> None:
+        breaker = RedisBreaker(redis_server.url, timeout_s=0.05, backoff_s=(0.05, 0.2))
+        shared = AnswerLost()
+        budget = GuardedBudgetStore(shared, breaker, workers=2)
+        now = int(time.time() * 1000)
+        expires = now + 3_600_000
+        await budget.add("t:budget:k", 100, expires, now)
+        assert not breaker.open
+        assert await budget.resync() == 0
+        assert (await shared.read(["t:budget:k"], [], now))[0] == [100]
+        # Were Redis to go out now, the estimate starts from what it knew, not 100 twice over.
+        breaker.trip(ConnectionError("test"))
+        assert (await budget.read(["t:budget:k"], [], now))[0] == [0]
+        await breaker.aclose()
+
+    asyncio.run(run())
+
+
+def codex(used: float, reset_ms: int) -> dict[str, str]:
+    return {
+        "x-codex-primary-used-percent": str(used),
+        "x-codex-primary-window-minutes": "300",
+        "x-codex-primary-reset-at": str(reset_ms // 1000),
+    }
+
+
+def test_window_budgets_hold_through_an_outage_and_its_rise_is_not_charged_again(
+    redis_server: RedisServer,
+) -> None:
+    async def run() -> None:
+        breaker = RedisBreaker(redis_server.url, timeout_s=0.2, backoff_s=(0.05, 0.2))
+        shared = RedisBudgetStore(redis_server.url)
+        gate = BudgetGate(GuardedBudgetStore(shared, breaker, workers=2), prefix="t")
+        now = int(time.time() * 1000)
+        reset = now + 3_600_000
+        pair = ("cx", "fp1")
+        first, second, third = (
+            ScopedBudget("key", f"k{i}", f"key {i}", WindowBudget(30.0, "cx")) for i in (1, 2, 3)
+        )
+        await gate.charge((first,), tokens=None, served=(pair, codex(10, reset)), now_ms=now)
+        await gate.charge((first,), tokens=None, served=(pair, codex(45, reset)), now_ms=now)
+        refused = await gate.admit((first,), now)
+        assert refused is not None and refused.used == 35
+
+        assert redis_server.proc is not None
+        redis_server.proc.send_signal(signal.SIGSTOP)  # frozen: keys kept, every call times out
+        try:
+            breaker.trip(TimeoutError())
+            # The used-up window budget keeps refusing while this worker routes alone ...
+            refused = await gate.admit((first,), now)
+            assert refused is not None and refused.used == 35
+            # ... and a rise is measured from the last used-percent it knew: 45 -> 50.
+            await gate.charge((second,), tokens=None, served=(pair, codex(50, reset)), now_ms=now)
+            assert breaker.open
+        finally:
+            redis_server.proc.send_signal(signal.SIGCONT)
+        await until(lambda: not breaker.open)
+
+        # The outage's last-seen 50 went up first: the next answer is charged 52 - 50, not 7.
+        await gate.charge((third,), tokens=None, served=(pair, codex(52, reset)), now_ms=now)
+        hashes = [f"t:budget:{sb.scope}:window:cx" for sb in (first, second, third)]
+        _, maps = await shared.read([], hashes, now)
+        points = [[float(v) for k, v in m.items() if not k.endswith("|r")] for m in maps]
+        assert points == [[35.0], [5.0], [2.0]]  # the outage's points were written back too
+        await shared.redis.aclose()
+        await breaker.aclose()
+
+    asyncio.run(run())
+
+
+def test_recovery_resyncs_again_what_changed_while_it_ran(redis_server: RedisServer) -> None:
+    async def run() -> None:
+        breaker = RedisBreaker(redis_server.url, timeout_s=0.2, backoff_s=(0.05, 0.2))
+        dirty = {"early"}
+        calls: list[tuple[str, list[str]]] = []
+
+        async def resync_a() -> int:
+            calls.append(("a", sorted(dirty)))
+            merged = len(dirty)
+            dirty.clear()
+            return merged
+
+        async def resync_b() -> int:
+            calls.append(("b", []))
+            if len(calls) == 2:
+                dirty.add("late")  # a request routed locally while this resync awaited
+            await asyncio.sleep(0)
+            return 0
+
+        breaker.on_recover(resync_a, lambda: bool(dirty))
+        breaker.on_recover(resync_b)
+        breaker.trip(ConnectionError("test"))
+        await until(lambda: not breaker.open)
+        assert calls == [("a", ["early"]), ("b", []), ("a", ["late"]), ("b", [])]
+        assert not dirty and breaker.last_resync["mergedStates"] == 2
+        await breaker.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_resync_bug_is_logged_and_retried_not_left_open(
+    redis_server: RedisServer, caplog: Any
+) -> None:
+    async def run() -> None:
+        breaker = RedisBreaker(redis_server.url, timeout_s=0.2, backoff_s=(0.05, 0.1))
+        attempts: list[int] = []
+
+        async def flaky() -> int:
+            attempts.append(1)
+            if len(attempts) == 1:
+                raise ValueError("a bug in a resync")
+            return 0
+
+        breaker.on_recover(flaky)
+        breaker.trip(ConnectionError("test"))
+        await until(lambda: not breaker.open)
+        assert len(attempts) == 2
+        await breaker.aclose()
+
+    asyncio.run(run())
+    assert "resync after a redis outage failed" in caplog.text
