@@ -38,9 +38,19 @@ def write_events(events: list[dict[str, Any]]) -> None:
     )
 
 
-def new_gate(emit: Callable[[dict[str, object]], None], now_ms: Callable[[], int]) -> BudgetGate:
+def new_writer() -> BatchWriter[dict[str, Any]]:
+    """The `BudgetEvent` writer (the runtime keeps it, to drain it at shutdown)."""
+    return BatchWriter("budget events", write_events, maxsize=1000)
+
+
+def new_gate(
+    emit: Callable[[dict[str, object]], None],
+    now_ms: Callable[[], int],
+    writer: BatchWriter[dict[str, Any]] | None = None,
+) -> BudgetGate:
     """A gate on Redis when `REDIS_URL` is set (exact across workers), else per process."""
-    writer: BatchWriter[dict[str, Any]] = BatchWriter("budget events", write_events, maxsize=1000)
+    if writer is None:
+        writer = new_writer()
 
     def on_event(event: dict[str, object]) -> None:
         event["at"] = now_ms()

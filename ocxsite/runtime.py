@@ -109,7 +109,10 @@ class Runtime:
             workers = int(os.environ.get("OCX_WORKER_COUNT") or 1)
             self.limiter = GuardedLimiter(RedisLimiter(url, prefix), self.redis, workers)
         # Budgets per key and user (PRODUCT §9.5): counters in Redis when set.
-        self.budgets = budget_events.new_gate(self.emit, lambda: int(time.time() * 1000))
+        self.budget_events = budget_events.new_writer()
+        self.budgets = budget_events.new_gate(
+            self.emit, lambda: int(time.time() * 1000), self.budget_events
+        )
         if self.redis is not None and settings.OCX_REDIS_URL:
             # While Redis is out each worker spends its share of what was left (redis_guard).
             workers = int(os.environ.get("OCX_WORKER_COUNT") or 1)
@@ -317,7 +320,13 @@ class Runtime:
 
     async def flush(self) -> None:
         """Write everything the background writers hold (graceful shutdown)."""
-        for writer in (self.requestlog, self.snapshots, self.transitions, self.routing_events):
+        for writer in (
+            self.requestlog,
+            self.snapshots,
+            self.transitions,
+            self.routing_events,
+            self.budget_events,
+        ):
             await writer.drain()
 
     def emit(self, event: dict[str, object], *, force: bool = False) -> None:

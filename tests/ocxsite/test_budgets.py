@@ -315,3 +315,27 @@ def test_a_good_time_zone_is_used_by_the_gate(tmp_path: Any) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "Europe/Berlin"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_budget_event_queued_at_shutdown_is_written_by_the_runtime_flush() -> None:
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connection
+
+    from ocxsite.models import BudgetEvent
+    from ocxsite.runtime import Runtime
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(1))
+        rt = Runtime()
+        now = ms("2026-12-03T15:00:00+00:00")
+        # 1050 of 1000 tokens: the 80 % and 100 % events, queued for the background writer.
+        await rt.budgets.charge((KEY_TOKENS,), tokens=1050, served=None, now_ms=now)
+        await rt.flush()  # what a graceful shutdown runs before the worker stops
+        await loop.run_in_executor(None, lambda: connection.close())
+
+    asyncio.run(scenario())
+    assert sorted(BudgetEvent.objects.values_list("percent", flat=True)) == [80, 100]
