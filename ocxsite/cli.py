@@ -12,9 +12,9 @@ COMMANDS = {
     "config",
     "catalog",
     "status",
+    "usage",
     "serve",
     "token",
-    "usage",
     "user",
     "doctor",
 }
