@@ -17,11 +17,13 @@ import asyncio
 import contextlib
 import os
 import signal
+import weakref
 from typing import Any
 
 from daphne import http_protocol
 from daphne.cli import CommandLineInterface
 from daphne.server import Server
+from twisted.web import http
 
 RENAMED = {b"session_id": b"session-id", b"conversation_id": b"conversation-id"}
 
@@ -62,6 +64,50 @@ def _stop_listening() -> None:
         port.stopListening()
 
 
+_channels: weakref.WeakSet[Any] = weakref.WeakSet()
+_build_protocol = http_protocol.HTTPFactory.buildProtocol
+_check_persistence = http.HTTPChannel.checkPersistence
+
+
+def _build_and_remember(self: Any, addr: Any) -> Any:
+    channel = _build_protocol(self, addr)
+    _channels.add(channel)
+    return channel
+
+
+def _persistence_unless_stopping(self: Any, request: Any, version: bytes) -> bool:
+    from ocxsite import lifecycle
+
+    if lifecycle.stopping():
+        # Served, then closed: the client reconnects to a worker that is not stopping.
+        request.responseHeaders.setRawHeaders(b"Connection", [b"close"])
+        return False
+    return bool(_check_persistence(self, request, version))
+
+
+def _connections(close_idle: bool) -> int:
+    """The HTTP connections still open (`lifecycle.drain`). A request whose response has not
+    started is answered with `Connection: close`; idle connections are closed if `close_idle`.
+    WebSockets (the admin's live page) are not waited for: they reconnect by themselves."""
+    still_open = 0
+    for generic in list(_channels):
+        # Twisted's factory hands out a wrapper (`_GenericHTTPChannelProtocol`) around the
+        # HTTPChannel; a WebSocket upgrade replaces it as the transport's protocol.
+        channel = generic._channel  # noqa: SLF001
+        transport = channel.transport
+        if transport is None or transport.disconnected or transport.protocol is not generic:
+            continue
+        still_open += 1
+        if channel.requests:
+            request = channel.requests[-1]
+            if channel.persistent and not request.startedWriting:
+                request.responseHeaders.setRawHeaders(b"Connection", [b"close"])
+                channel.persistent = False
+        elif close_idle and not transport.disconnecting:
+            channel.loseConnection()
+    return still_open
+
+
 async def _flush() -> None:
     from ocxsite import runtime
 
@@ -85,7 +131,9 @@ def _on_sigterm(signum: int, frame: object) -> None:
     lifecycle.mark_stopping()
     loop: asyncio.AbstractEventLoop = reactor._asyncioEventloop  # type: ignore[attr-defined]
     loop.call_soon_threadsafe(
-        lambda: loop.create_task(lifecycle.drain(_stop_listening, _stop_reactor, _flush))
+        lambda: loop.create_task(
+            lifecycle.drain(_stop_listening, _stop_reactor, _flush, _connections)
+        )
     )
 
 
@@ -107,6 +155,8 @@ def install_lifecycle() -> None:
     from twisted.internet import reactor
 
     Server.listen_success = _remember_port  # type: ignore[method-assign]
+    http_protocol.HTTPFactory.buildProtocol = _build_and_remember  # type: ignore[method-assign]
+    http.HTTPChannel.checkPersistence = _persistence_unless_stopping  # type: ignore[method-assign]
     reactor.callWhenRunning(_when_running)  # type: ignore[attr-defined]
 
 

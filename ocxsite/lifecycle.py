@@ -5,6 +5,12 @@ stream, a 503 before the first byte), never as a clean end.
 
 `ProxyApp` registers each request's task here (`track`); the server glue (`ocxsite.daphne_main`,
 the uvicorn worker in `serve`) calls `drain` on SIGTERM. No Django here.
+
+Keep-alive connections are what makes a rolling restart lose requests: a client that sends on
+an idle connection just as the old worker closes it gets "server disconnected". So a draining
+worker answers every request with `Connection: close` and closes a connection that stays idle
+only after `IDLE_LINGER_S`, by which time a busy client has had its `close` and reconnected to
+a new worker; the worker stops once no connection is left (or the grace is over).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from providers.wire.commit import StreamFailure
 log = logging.getLogger("ocx.lifecycle")
 
 DEFAULT_GRACE_S = 30.0
+IDLE_LINGER_S = 1.0
 SHUTDOWN_FAILURE = StreamFailure(
     status=503,
     type="server_error",
@@ -71,10 +78,14 @@ async def drain(
     stop_listening: Callable[[], None],
     stop: Callable[[], None],
     flush: Callable[[], Awaitable[None]] | None = None,
+    connections: Callable[[bool], int] | None = None,
 ) -> None:
-    """Stop accepting, wait for the running requests (up to the grace period), cancel what is
-    left (each ends itself with `SHUTDOWN_FAILURE`), write what is queued (`flush`: the request
-    log), then stop the server."""
+    """Stop accepting, wait for the running requests and the open client connections (up to
+    the grace period), cancel what is left (each ends itself with `SHUTDOWN_FAILURE`), write
+    what is queued (`flush`: the request log), then stop the server.
+
+    `connections(close_idle)` counts the client connections still open; with `close_idle` it
+    also closes the idle ones (called with True from `IDLE_LINGER_S` on)."""
     mark_stopping()
     grace = grace_s()
     loop = asyncio.get_running_loop()
@@ -84,8 +95,19 @@ async def drain(
         grace,
     )
     stop_listening()
-    deadline = loop.time() + grace
-    while _inflight and loop.time() < deadline:
+    start = loop.time()
+    deadline = start + grace
+    linger_end = start + min(IDLE_LINGER_S, grace)
+    while loop.time() < deadline:
+        still_open = 0
+        if connections is not None:
+            try:
+                still_open = connections(loop.time() >= linger_end)
+            except Exception:  # noqa: BLE001 - a drain must end: fall back to requests only
+                log.warning("could not inspect the open connections", exc_info=True)
+                connections = None
+        if not _inflight and not still_open:
+            break
         await asyncio.sleep(0.05)
     if _inflight:
         log.warning("grace period over: ending %d request(s) with an error", len(_inflight))

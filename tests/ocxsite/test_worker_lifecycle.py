@@ -195,6 +195,82 @@ def test_sigterm_ends_a_stream_past_the_grace_with_an_error(
         stop()
 
 
+def test_a_draining_worker_answers_with_connection_close_and_closes_idle_connections(
+    tmp_path: Path, redis_url: str, mock: Mock
+) -> None:
+    server, stop = serve(tmp_path, redis_url, workers=1, grace="20")
+    try:
+        headers = configure(server, mock)
+        body = {"model": "combo/main", "input": "hi"}
+        with (
+            httpx.Client(base_url=server.url, timeout=30) as keepalive,
+            httpx.Client(base_url=server.url, timeout=30) as idle,
+        ):
+            first = keepalive.post("/v1/responses", json=body, headers=headers)
+            assert first.status_code == 200 and "connection" not in first.headers
+            assert idle.post("/v1/responses", json=body, headers=headers).status_code == 200
+            mock.script("fa", [{"deltas": 30, "delta_ms": 100}])  # about 3 s
+            out: dict[str, Any] = {}
+            thread = threading.Thread(target=stream, args=(server.url, headers, out))
+            thread.start()
+            wait_for(lambda: "first_byte" in out, 30, "the stream did not start")
+            signalled = time.monotonic()
+            server.proc.send_signal(signal.SIGTERM)
+            wait_for(
+                lambda: any("shutting down: no new connections" in x for x in server.output),
+                30,
+                "the worker did not start draining",
+            )
+            # Same keep-alive connection, mid-drain: served, and told to go elsewhere next.
+            during = keepalive.post("/v1/responses", json=body, headers=headers)
+            assert during.status_code == 200
+            assert during.headers["connection"] == "close"
+            thread.join(30)
+            assert out.get("status") == 200 and "error" not in out, out
+            assert sse_events(out["body"])[-1][0] == "response.completed"
+            # The idle connection did not hold the worker until the 20 s grace.
+            server.proc.wait(15)
+            assert time.monotonic() - signalled < 10
+    finally:
+        stop()
+
+
+def test_drain_waits_for_connections_and_closes_idle_ones_after_the_linger(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+
+    from ocxsite import lifecycle
+
+    monkeypatch.setattr(lifecycle, "IDLE_LINGER_S", 0.2)
+    monkeypatch.setattr(lifecycle, "_stopping", False)
+    monkeypatch.setenv("OCX_SHUTDOWN_GRACE_S", "5")
+    calls: list[tuple[float, bool]] = []
+    events: list[str] = []
+
+    async def run() -> float:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+
+        def connections(close_idle: bool) -> int:
+            calls.append((loop.time() - start, close_idle))
+            return 0 if close_idle and len([c for c in calls if c[1]]) >= 3 else 1
+
+        await lifecycle.drain(
+            lambda: events.append("stop_listening"),
+            lambda: events.append("stop"),
+            connections=connections,
+        )
+        return loop.time() - start
+
+    elapsed = asyncio.run(run())
+    assert events == ["stop_listening", "stop"]
+    assert all(not idle for at, idle in calls if at < 0.19)
+    assert all(idle for at, idle in calls if at >= 0.2)
+    assert [idle for _, idle in calls][-3:] == [True, True, True]
+    assert 0.2 <= elapsed < 2.0
+
+
 def test_sighup_restarts_workers_without_a_failed_request(
     tmp_path: Path, redis_url: str, mock: Mock
 ) -> None:
