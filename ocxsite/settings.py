@@ -10,8 +10,6 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-BASE_DIR = Path(__file__).resolve().parent.parent
-
 
 def env_bool(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
@@ -176,7 +174,8 @@ ASGI_APPLICATION = "ocxsite.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        # Overrides of the admin's own templates: searched before the apps' directories.
+        "DIRS": [Path(__file__).resolve().parent / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
