@@ -314,6 +314,59 @@ def test_retention_deletes_old_entries(settings: Any, monkeypatch: pytest.Monkey
     assert not RequestLog.objects.filter(request_id="old2").exists()
 
 
+@pytest.mark.django_db
+def test_written_rows_keep_every_column(settings: Any) -> None:
+    """The writer's prepared INSERT (not the ORM) stores each column as the model reads it:
+    the time to the microsecond, unknown token counts as NULL, the route trace as JSON, an
+    over-long client-chosen model cut to its column; the usage-only fields are not columns."""
+    from ocxsite import requestlog
+    from ocxsite.models import RequestLog
+
+    settings.OCX_USAGE = False
+    at = int(time.time()) - 60 + 0.123456  # recent: the retention check may run on this write
+    attempts = [{"target": "p1/fa", "status": 429, "reason": "rate_limited", "ms": 12}]
+    requestlog.write_entries(
+        [
+            requestlog.RequestEntry(
+                request_id="r1",
+                at=at,
+                key_prefix="ocx_abcd",
+                user="alice",
+                requested_model="m" * 300,
+                combo="main",
+                target="p2/fb",
+                status=200,
+                outcome="ok",
+                stream=True,
+                duration_ms=42,
+                input_tokens=7,
+                output_tokens=None,
+                cached_tokens=0,
+                reasoning_tokens=3,
+                key_id=9,
+                ttft_ms=5,
+                attempts=attempts,
+                skipped=[["p0/fz", "disabled"]],
+            ),
+            requestlog.RequestEntry(request_id="r2", at=at + 1),
+        ]
+    )
+    row = RequestLog.objects.get(request_id="r1")
+    assert row.at == dt.datetime.fromtimestamp(int(at), tz=dt.UTC).replace(microsecond=123456)
+    assert (row.key_prefix, row.user, row.combo, row.target) == (
+        "ocx_abcd",
+        "alice",
+        "main",
+        "p2/fb",
+    )
+    assert row.requested_model == "m" * 256
+    assert (row.status, row.outcome, row.stream, row.duration_ms) == (200, "ok", True, 42)
+    assert (row.input_tokens, row.output_tokens, row.cached_tokens) == (7, None, 0)
+    assert row.attempts == attempts and row.skipped == [["p0/fz", "disabled"]]
+    other = RequestLog.objects.get(request_id="r2")
+    assert (other.stream, other.attempts, other.input_tokens) == (False, [], None)
+
+
 def test_requests_refused_before_routing_are_logged_too(server: Server, mock: Mock) -> None:
     """A bad key (401) and a key over its rpm budget (429) leave an entry, so failed
     authentication and throttled users show in the admin and /api/requests; the presented
