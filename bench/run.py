@@ -308,8 +308,20 @@ def mock_script(base: str, extra: dict[str, Any]) -> None:
 BARE = {"daphne": "ocx-bare", "uvicorn": "ocx-uvicorn"}
 
 
+# What each feature variant switches (issue 17: the targets hold with them on and off).
+LEAN_ENV = {"OCX_REQUEST_LOG": "0", "OCX_USAGE": "0"}
+# A budget that is checked and charged on every request but never reached.
+BENCH_BUDGET = {"tokens": 10**15, "period": "day"}
+
+
 def start_ocx(
-    name: str, mock_base: str, workers: int = 1, redis: bool = False, server: str = "daphne"
+    name: str,
+    mock_base: str,
+    workers: int = 1,
+    redis: bool = False,
+    server: str = "daphne",
+    extra_env: dict[str, str] | None = None,
+    budget: bool = False,
 ) -> Target:
     data = _tmp / f"data-{name}"
     env = {
@@ -317,6 +329,7 @@ def start_ocx(
         "OCX_ADMIN_TOKEN": ADMIN_TOKEN,
         "OCX_LOG_JSON": "0",
         "PYTHONUNBUFFERED": "1",
+        **(extra_env or {}),
     }
     if redis:
         env["REDIS_URL"] = REDIS_URL
@@ -356,8 +369,14 @@ def start_ocx(
             a,
         )
         assert st == 200, body
-    st, body = http("POST", f"{base}/api/keys", {"user": "bench"}, a)
+    key_body: dict[str, Any] = {"user": "bench"}
+    if budget:
+        key_body["budget"] = BENCH_BUDGET
+    st, body = http("POST", f"{base}/api/keys", key_body, a)
     assert st in (200, 201), body
+    if budget:
+        st, ub = http("PUT", f"{base}/api/keys/user-budgets/bench", {"budget": BENCH_BUDGET}, a)
+        assert st == 200, ub
     target = Target(
         name, base, proc.pid, body["key"], {"chat": "combo/bench", "responses": "combo/bench-r"}
     )
@@ -741,13 +760,15 @@ def report(res: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     checks: list[tuple[str, str, Any, bool | None]] = []
     have_ll = "litellm" in names
     bares = [n for n in BARE.values() if n in names]
+    # The CPU and throughput targets hold with every feature on and off too.
+    measured = bares + [n for n in ("ocx-lean", "ocx-prod", "ocx-full") if n in names]
 
     def tag(bare: str) -> str:
         return "" if bare == "ocx-bare" else f" [{bare}]"
 
     for key in runs:
         api, stream, c = key.split("|")
-        for bare in bares:
+        for bare in measured:
             if have_ll:
                 x = ratio(g(key, bare, "cpu_ms_per_req"), g(key, "litellm", "cpu_ms_per_req"))
                 checks.append(
@@ -768,7 +789,7 @@ def report(res: dict[str, Any]) -> tuple[str, dict[str, Any]]:
                             None if x is None else x >= 10,
                         )
                     )
-            if c == "1" and stream == "json":
+            if c == "1" and stream == "json" and bare in bares:
                 b, d = g(key, bare, "p50_ms"), g(key, "direct", "p50_ms")
                 x = None if b is None or d is None else round(b - d, 2)
                 checks.append(
@@ -858,12 +879,15 @@ def git_info() -> dict[str, Any]:
 
 
 def features() -> dict[str, Any]:
-    proxy = (ROOT / "ocxsite" / "proxy.py").read_text()
-    upstream = (ROOT / "providers" / "upstream.py").read_text()
     return {
-        "redis_state": "REDIS_URL -> ocxsite.redis_state.RedisStateStore (cooldowns/rotation shared by workers)",
-        "request_log_wired_in_proxy": "requestlog" in proxy,
-        "quota_ingestion_wired_in_proxy": "quota" in proxy or "quota" in upstream,
+        "ocx-bare / ocx-uvicorn": "no REDIS_URL (in-process state); request log and usage "
+        "rollups on (the defaults); no budget",
+        "ocx-lean": "as ocx-bare with OCX_REQUEST_LOG=0 OCX_USAGE=0",
+        "ocx-prod": "REDIS_URL (routing, quota and budget state in Redis); request log and usage "
+        "on; no budget",
+        "ocx-full": f"ocx-prod plus a key budget and a user budget ({BENCH_BUDGET}) checked "
+        "before and charged after every request in Redis",
+        "ocx-w2": "ocx-prod with --workers 2",
     }
 
 
@@ -907,6 +931,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--no-workers2", action="store_true", help="skip the --workers 2 instance")
+    p.add_argument(
+        "--variants",
+        action="store_true",
+        help="also measure ocx-lean (request log and usage off) and ocx-full (ocx-prod with "
+        "key and user budgets in Redis)",
+    )
     p.add_argument(
         "--server",
         default=None,
@@ -961,9 +991,15 @@ def main(argv: list[str] | None = None) -> int:
         ).stdout.strip()
         == "PONG"
     )
+    if args.variants:
+        log("starting ocx-lean (1 Daphne worker, no REDIS_URL, request log and usage off)")
+        targets.append(start_ocx("ocx-lean", mock_base, extra_env=LEAN_ENV))
     if redis_ok:
         log("starting ocx prod (1 worker, REDIS_URL)")
         targets.append(start_ocx("ocx-prod", mock_base, redis=True))
+        if args.variants:
+            log("starting ocx-full (ocx-prod plus a key and a user budget, charged in Redis)")
+            targets.append(start_ocx("ocx-full", mock_base, redis=True, budget=True))
     else:
         log(f"Redis at {REDIS_URL} not answering: no production path, no --workers 2")
     w2 = None
