@@ -9,6 +9,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from playwright.sync_api import expect
+
 from tests.browser.test_admin_browser import (  # noqa: F401 - fixtures used by name
     admin_server,
     login,
@@ -64,9 +66,8 @@ def test_badges_show_states_and_follow_a_cooldown_live(
     )
     assert r.status_code == 200, r.text
     assert r.headers["x-ocx-target"] == f"fb-{tag}/{fm}"
-    page.wait_for_function(
-        "el => el.textContent.includes('Cooling until')", arg=primary.element_handle()
-    )
+    # A locator, not an element handle: the live redraw may replace the element.
+    expect(primary).to_contain_text("Cooling until", timeout=10_000)
     # (The time may be rendered in the browser's zone; the state and its text are the server's.)
     assert primary.inner_text().startswith(f"pri-{tag}/{pm}: Cooling until ")
     assert "ocx-cooling" in (primary.get_attribute("class") or "")

@@ -183,10 +183,12 @@ def test_dashboard_follows_live_traffic_and_events_page(
     left = countdown_seconds(first.inner_text())
     assert 30 <= left <= 45, first.inner_text()
     # The countdown ticks in the page (no reload).
+    # Looked up on each check: a live redraw (an event) replaces the element.
     page.wait_for_function(
-        "([el, left]) => { const m = el.textContent.match(/\\(in (\\d+) s\\)/);"
+        "([sel, left]) => { const el = document.querySelector(sel);"
+        " const m = el && el.textContent.match(/\\(in (\\d+) s\\)/);"
         " return m && Number(m[1]) < left; }",
-        arg=[first.element_handle(), left],
+        arg=[f'#ocx-dash-live tr[data-combo="{combo_id}"] [data-target="{primary}"]', left],
     )
     # No raw UTC ISO time anywhere on the page.
     assert not re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d", page.inner_text("#ocx-dashboard"))
