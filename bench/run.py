@@ -1098,7 +1098,7 @@ def main(argv: list[str] | None = None) -> int:
         res["rss_hwm_mb"][t.name] = round(hwm_bytes(t.pids()) / 2**20, 1)
 
     if not args.no_profile and not args.quick and "profile" in phases:
-        for bare in (t for t in targets if t.name in BARE.values()):
+        for bare in (t for t in targets if t.name in (*BARE.values(), "ocx-full")):
             for api, stream in (("chat", False), ("chat", True), ("responses", True)):
                 log(f"py-spy profile of {bare.name} worker: {api} stream={stream} c=16")
                 pr = profile(bare, api, stream, 16, max(duration, 5), stamp)
