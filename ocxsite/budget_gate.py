@@ -33,7 +33,9 @@ class BudgetStore(Protocol):
         self, counters: Sequence[str], hashes: Sequence[str], now_ms: int
     ) -> tuple[list[int], list[dict[str, str]]]: ...
 
-    async def add(self, name: str, amount: int, expire_at_ms: int, now_ms: int) -> int: ...
+    async def add_many(self, items: Sequence[tuple[str, int, int]], now_ms: int) -> list[int]:
+        """Add `amount` to each counter `(name, amount, expire_at_ms)` (one round trip)."""
+        ...
 
     async def attribute(
         self,
@@ -173,11 +175,17 @@ class BudgetGate:
     ) -> None:
         """Count a finished request against its budgets (`tokens` None: usage unknown)."""
         if tokens:
+            charged: list[tuple[ScopedBudget, TokenBudget, int]] = []
+            items: list[tuple[str, int, int]] = []
             for sb in budgets:
                 if isinstance(sb.budget, TokenBudget):
                     name, end = self._counter(sb, sb.budget, now_ms)
-                    new = await self.store.add(name, tokens, end + COUNTER_GRACE_MS, now_ms)
-                    self._crossed(sb, new - tokens, new, sb.budget.tokens, end, None)
+                    charged.append((sb, sb.budget, end))
+                    items.append((name, tokens, end + COUNTER_GRACE_MS))
+            if items:
+                totals = await self.store.add_many(items, now_ms)
+                for (sb, tb, end), new in zip(charged, totals, strict=True):
+                    self._crossed(sb, new - tokens, new, tb.tokens, end, None)
         if served is None:
             return
         pair, headers = served

@@ -2,8 +2,9 @@
 
 Two shapes, the same in both stores:
 
-* token counters: one integer per (scope, period), `INCRBY` at request end, expiring after
-  its period (`{prefix}:budget:{scope}:tokens:{period}:{start}`);
+* token counters: one integer per (scope, period), `INCRBY` at request end (all of a
+  request's counters in one round trip), expiring after its period
+  (`{prefix}:budget:{scope}:tokens:{period}:{start}`);
 * window points: one hash per (scope, provider) with a field per credential window,
   `{credential}|{window}` → percentage points used and `{credential}|{window}|r` → the
   window's reset (ms); a later window of the same credential starts again from zero.
@@ -112,15 +113,18 @@ class MemoryBudgetStore:
     def peek(self, name: str) -> dict[str, str]:
         return self._hashes.get(name, {})
 
-    async def add(self, name: str, amount: int, expire_at_ms: int, now_ms: int) -> int:
+    async def add_many(self, items: Sequence[tuple[str, int, int]], now_ms: int) -> list[int]:
         if len(self._counters) > 10_000:
             self._counters = {k: v for k, v in self._counters.items() if v[1] > now_ms}
-        value, expires = self._counters.get(name, (0, 0))
-        if expires <= now_ms:
-            value = 0
-        value += amount
-        self._counters[name] = (value, expire_at_ms)
-        return value
+        totals = []
+        for name, amount, expire_at_ms in items:
+            value, expires = self._counters.get(name, (0, 0))
+            if expires <= now_ms:
+                value = 0
+            value += amount
+            self._counters[name] = (value, expire_at_ms)
+            totals.append(value)
+        return totals
 
     async def attribute(
         self,
@@ -188,12 +192,14 @@ class RedisBudgetStore:
         ]
         return values, maps
 
-    async def add(self, name: str, amount: int, expire_at_ms: int, now_ms: int) -> int:
+    async def add_many(self, items: Sequence[tuple[str, int, int]], now_ms: int) -> list[int]:
+        # One MULTI for all of a request's token budgets (the key's and its user's).
         pipe = self.redis.pipeline(transaction=True)
-        pipe.incrby(name, amount)
-        pipe.pexpireat(name, expire_at_ms)
-        value, _ = await pipe.execute()
-        return int(value)
+        for name, amount, expire_at_ms in items:
+            pipe.incrby(name, amount)
+            pipe.pexpireat(name, expire_at_ms)
+        results = await pipe.execute()
+        return [int(v) for v in results[0::2]]
 
     async def attribute(
         self,

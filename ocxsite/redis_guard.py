@@ -432,23 +432,24 @@ class GuardedBudgetStore:
         _, maps = await self.local.read([], hashes, now_ms)
         return [self._estimate(name, now_ms) for name in counters], maps
 
-    async def add(self, name: str, amount: int, expire_at_ms: int, now_ms: int) -> int:
+    async def add_many(self, items: Any, now_ms: int) -> list[int]:
         sent = not self.breaker.open
-        ok, value = await self.breaker.call(
-            lambda: self.shared.add(name, amount, expire_at_ms, now_ms)
-        )
+        ok, values = await self.breaker.call(lambda: self.shared.add_many(items, now_ms))
         if ok:
-            self._seen[name] = int(value or 0)
-            return int(value or 0)
+            assert values is not None
+            totals = [int(v) for v in values]
+            self._seen.update((name, v) for (name, _, _), v in zip(items, totals, strict=True))
+            return totals
         if not sent:
             # Never sent to Redis (the breaker was open): this worker's spending of the outage,
-            # added to the shared counter when Redis returns.
-            spent, expires = self._spent.get(name, (0, 0))
-            self._spent[name] = ((spent if expires > now_ms else 0) + amount, expire_at_ms)
-        # Else the call failed or timed out with the breaker closed: the INCRBY may have run
-        # on the server, so it is not counted again (at most once: a charge may be lost, never
-        # counted twice).
-        return self._estimate(name, now_ms)
+            # added to the shared counters when Redis returns.
+            for name, amount, expire_at_ms in items:
+                spent, expires = self._spent.get(name, (0, 0))
+                self._spent[name] = ((spent if expires > now_ms else 0) + amount, expire_at_ms)
+        # Else the call failed or timed out with the breaker closed: the INCRBYs may have run
+        # on the server, so they are not counted again (at most once: a charge may be lost,
+        # never counted twice).
+        return [self._estimate(name, now_ms) for name, _, _ in items]
 
     async def attribute(
         self, seen: str, hashes: Any, field: str, used: float, reset_ms: int, now_ms: int
@@ -518,8 +519,8 @@ class GuardedBudgetStore:
             counter, (amount, expires) = self._spent.popitem()
             if expires > now_ms and amount:
                 try:
-                    self._seen[counter] = int(
-                        await self.shared.add(counter, amount, expires, now_ms)
+                    (self._seen[counter],) = await self.shared.add_many(
+                        [(counter, amount, expires)], now_ms
                     )
                 except BaseException:
                     self._spent[counter] = (amount, expires)

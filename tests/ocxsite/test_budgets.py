@@ -282,6 +282,28 @@ async def test_refusal_names_the_budget_that_resets_last(gate: BudgetGate) -> No
     assert refusal.reset_ms == ms("2026-12-07T00:00:00+00:00")
 
 
+async def test_one_charge_counts_every_token_budget_of_the_request(gate: BudgetGate) -> None:
+    """The key's and the user's token budgets are charged together (one round trip in Redis),
+    each counter on its own and expiring an hour after its own period."""
+    now = ms("2026-12-03T15:00:00+00:00")
+    user = ScopedBudget("user", "u1", "user dev", TokenBudget(100, "week"))
+    key = ScopedBudget("key", "k1", "key ocx_abc… of dev", TokenBudget(50, "day"))
+    await gate.charge((key, user), tokens=30, served=None, now_ms=now)
+    await gate.charge((user,), tokens=30, served=None, now_ms=now)
+    assert await gate.admit((key,), now) is None  # 30 of 50
+    refusal = await gate.admit((user,), now)
+    assert refusal is None  # 60 of 100
+    await gate.charge((key, user), tokens=40, served=None, now_ms=now)
+    refused = await gate.admit((key, user), now)
+    assert refused is not None and (refused.budget, refused.used) == (user, 100)
+    assert (await gate.admit((key,), now)) is not None  # 70 of 50
+    store = gate.store
+    if isinstance(store, RedisBudgetStore):
+        day = gate._counter(key, key.budget, now)[0]  # type: ignore[arg-type]
+        expires = await store.redis.pexpiretime(day)
+        assert expires == ms("2026-12-04T01:00:00+00:00")
+
+
 # --- OCX_TIME_ZONE --------------------------------------------------------------------------------
 
 

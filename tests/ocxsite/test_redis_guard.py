@@ -70,7 +70,7 @@ def test_breaker_limiter_and_budget_fall_back_then_write_back(redis_server: Redi
         now = int(time.time() * 1000)
         expires = now + 3_600_000
         assert await limiter.hit(1, 9, now) is None
-        assert await budget.add("t:budget:k", 100, expires, now) == 100
+        assert await budget.add_many([("t:budget:k", 100, expires)], now) == [100]
         assert not breaker.open
 
         redis_server.stop()
@@ -79,7 +79,7 @@ def test_breaker_limiter_and_budget_fall_back_then_write_back(redis_server: Redi
         assert breaker.open and changes[0][0] is True
         assert verdicts[:3] == [None, None, None] and verdicts[3] is not None
         # Budget: the known 100 plus this worker's spending times 2 workers.
-        assert await budget.add("t:budget:k", 10, expires, now) == 120
+        assert await budget.add_many([("t:budget:k", 10, expires)], now) == [120]
         values, _ = await budget.read(["t:budget:k"], [], now)
         assert values == [120]
 
@@ -162,8 +162,8 @@ def test_a_charge_that_timed_out_is_not_counted_again(redis_server: RedisServer)
     amount is not also kept for the write-back (at most once)."""
 
     class AnswerLost(MemoryBudgetStore):
-        async def add(self, name: str, amount: int, expire_at_ms: int, now_ms: int) -> int:
-            value = await super().add(name, amount, expire_at_ms, now_ms)
+        async def add_many(self, items: Any, now_ms: int) -> list[int]:
+            value = await super().add_many(items, now_ms)
             await asyncio.Event().wait()  # written, but the answer never arrives
             return value
 
@@ -173,7 +173,7 @@ def test_a_charge_that_timed_out_is_not_counted_again(redis_server: RedisServer)
         budget = GuardedBudgetStore(shared, breaker, workers=2)
         now = int(time.time() * 1000)
         expires = now + 3_600_000
-        await budget.add("t:budget:k", 100, expires, now)
+        await budget.add_many([("t:budget:k", 100, expires)], now)
         assert not breaker.open
         assert await budget.resync() == 0
         assert (await shared.read(["t:budget:k"], [], now))[0] == [100]

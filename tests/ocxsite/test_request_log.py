@@ -265,6 +265,39 @@ async def test_batch_writer_drops_and_counts_when_full() -> None:
     assert writer.written == 2
 
 
+async def test_batch_writer_writes_a_full_batch_at_once_and_the_rest_at_the_flush_time() -> None:
+    from ocxsite.background import BatchWriter
+
+    written: list[list[int]] = []
+    loop = asyncio.get_running_loop()
+    writer: BatchWriter[int] = BatchWriter("test", written.append, maxsize=100, batch=3)
+    writer.flush_s = 30.0  # a whole batch must not wait for it
+    for i in range(7):
+        writer.submit(i)
+    started = loop.time()
+    while len(written) < 2:
+        await asyncio.sleep(0.01)
+        assert loop.time() - started < 5, written
+    assert written == [[0, 1, 2], [3, 4, 5]]
+    assert writer.queue.qsize() == 0  # 6 is held by the writer until the flush time
+    writer.flush_s = 0.05
+    writer.submit(7)  # wakes nothing: not a whole batch
+    await asyncio.sleep(0.1)
+    assert written == [[0, 1, 2], [3, 4, 5]]
+    writer.submit(8)
+    writer.submit(9)  # with 6 held: a whole batch
+    while len(written) < 3:
+        await asyncio.sleep(0.01)
+        assert loop.time() - started < 5, written
+    assert written[2] == [6, 7, 8]
+    while len(written) < 4:  # 9 alone, after the (now short) flush time
+        await asyncio.sleep(0.01)
+        assert loop.time() - started < 5, written
+    assert written[3] == [9]
+    assert writer._task is not None
+    writer._task.cancel()
+
+
 async def test_request_log_writer_counts_drops_in_metrics(settings: Any) -> None:
     from ocxsite import metrics, requestlog
 
