@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -70,7 +71,6 @@ class BatchWriter(Generic[T]):
         self.pending: list[T] = []  # a batch the database refused while unreachable
         self._pause = 0.0
         self._task: asyncio.Task[None] | None = None
-        self._full = asyncio.Event()  # a whole batch is queued: write before the flush time
 
     def submit(self, item: T) -> bool:
         if self._task is None or self._task.done():
@@ -83,8 +83,6 @@ class BatchWriter(Generic[T]):
         except asyncio.QueueFull:
             self._drop(1)
             return False
-        if self.queue.qsize() >= self.batch - 1:  # with the one the writer holds: a batch
-            self._full.set()
         return True
 
     def _drop(self, n: int) -> None:
@@ -101,15 +99,18 @@ class BatchWriter(Generic[T]):
                 await self.flush(batch)
                 continue
             batch = [await self.queue.get()]
-            # One timer per batch (not a `wait_for` task and timer per item): sleep until the
-            # flush time, or until `submit` says a whole batch is queued.
-            if self.queue.qsize() < self.batch - 1:
-                self._full.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.flush_s):
-                        await self._full.wait()
-            while len(batch) < self.batch and not self.queue.empty():
-                batch.append(self.queue.get_nowait())
+            # A `wait_for` per item looks wasteful, but both replacements measured (one timer
+            # per batch with an event, or one timeout around plain `get`s) cost the Daphne
+            # worker 0.1-0.2 ms more CPU per request at c=16 (bench/README.md, fourth run).
+            deadline = time.monotonic() + self.flush_s
+            while len(batch) < self.batch:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self.queue.get(), remaining))
+                except TimeoutError:
+                    break
             await self.flush(batch)
 
     async def flush(self, batch: list[T]) -> None:
