@@ -6,7 +6,7 @@ from ninja.errors import HttpError
 
 from combos import selectors, services
 from combos.engine import validate
-from ocxsite.api import object_body
+from providers.json_body import object_body
 
 router = Router(tags=["combos"])
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
@@ -109,30 +108,6 @@ def on_data_error(request: HttpRequest, exc: DataError) -> HttpResponse:
     # The database refused a value (too long, out of range, NUL in PostgreSQL text): bad input.
     detail = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid value"
     return api.create_response(request, error_body(f"invalid value: {detail}"), status=400)
-
-
-def _reject_constant(name: str) -> object:
-    # NaN / Infinity / -Infinity are not JSON (the reference's JSON.parse rejects them).
-    raise ValueError(f"invalid JSON constant {name}")
-
-
-def json_body(request: HttpRequest) -> object:
-    """The parsed JSON body, or a 400 with the reference's exact messages."""
-    try:
-        raw = request.body
-    except RequestDataTooBig:
-        raise HttpError(413, "request body too large") from None
-    try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
-    except (UnicodeDecodeError, ValueError):
-        raise HttpError(400, "invalid JSON body") from None
-
-
-def object_body(request: HttpRequest) -> dict[str, object]:
-    body = json_body(request)
-    if not isinstance(body, dict):
-        raise HttpError(400, "request body must be an object")
-    return body
 
 
 def _mount() -> None:

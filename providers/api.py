@@ -4,8 +4,8 @@ from django.http import HttpRequest
 from ninja import Router
 from ninja.errors import HttpError
 
-from ocxsite.api import object_body
 from providers import selectors, services
+from providers.json_body import object_body
 from providers.models import Provider
 
 router = Router(tags=["providers"])

@@ -40,3 +40,30 @@ def test_pure_module_imports_no_framework(module: str) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert out == ""
+
+
+APPS = ("providers", "combos", "quota", "usage", "dashboard")
+
+
+def test_no_app_imports_the_shell() -> None:
+    """Imports flow downward: `ocxsite` (the shell) may use the apps, never the reverse."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    offenders = []
+    for app in APPS:
+        for path in (root / app).rglob("*.py"):
+            if "migrations" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = (
+                    [node.module or ""]
+                    if isinstance(node, ast.ImportFrom)
+                    else [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else []
+                )
+                if any(n == "ocxsite" or n.startswith("ocxsite.") for n in names):
+                    offenders.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert offenders == []
