@@ -13,7 +13,8 @@
     var s = Math.max(0, Math.round(seconds));
     if (s < 60) { return s + " s"; }
     if (s < 3600) { return Math.floor(s / 60) + " min" + (s % 60 ? " " + (s % 60) + " s" : ""); }
-    return Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " min";
+    if (s < 86400) { return Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " min"; }
+    return Math.floor(s / 86400) + " d " + Math.floor((s % 86400) / 3600) + " h";
   }
 
   var zone = "";
