@@ -181,7 +181,9 @@ def report_csv(report: dict[str, Any]) -> str:
     """The rows of a report as CSV with a header line (no totals line)."""
     out = io.StringIO()
     fields = [*(k for k in _dims(report)), *REPORTED]
-    writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
+    # RFC 4180's CRLF: the writer then also quotes a cell holding a lone CR (with "\n" alone it
+    # would not, and a spreadsheet would split the row there).
+    writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\r\n")
     writer.writeheader()
     for row in report["rows"]:
         writer.writerow({k: _cell(row.get(k)) for k in fields})

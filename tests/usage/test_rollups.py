@@ -255,11 +255,11 @@ def test_csv_export_defuses_formula_cells() -> None:
         selectors.build_query(by="model", since="1d", until=None, now=T0 + dt.timedelta(hours=1))
     )
     text = selectors.report_csv(report)
-    # Python 3.11's writer leaves a lone CR unquoted (a reader splits the row there): check raw.
-    assert "\n'\rx," in text
-    parsed = list(csv.DictReader(io.StringIO(text.replace("'\rx", "cr"), newline="")))
+    # A lone CR inside a cell is quoted (CRLF line ends), so a reader keeps the row whole.
+    assert '\r\n"\'\rx",' in text
+    parsed = list(csv.DictReader(io.StringIO(text, newline="")))
     assert sorted(r["model"] for r in parsed) == sorted(
-        ["'" + m for m in planted[:-1]] + ["ok=1", "cr"]
+        ["'" + m for m in planted[:-1]] + ["ok=1", "'\rx"]
     )
     # Numbers are not strings: unchanged.
     assert {r["requests"] for r in parsed} == {"1"} and {r["inputTokens"] for r in parsed} == {
