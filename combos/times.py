@@ -27,13 +27,15 @@ def from_ms(ms: int) -> dt.datetime:
 
 
 def in_words(seconds: float) -> str:
-    """A short duration: "42 s", "3 min 5 s", "2 h 4 min"."""
+    """A short duration: "42 s", "3 min 5 s", "2 h 4 min", "3 d 11 h" (as localtime.js)."""
     s = max(0, round(seconds))
     if s < 60:
         return f"{s} s"
     if s < 3600:
         return f"{s // 60} min {s % 60} s" if s % 60 else f"{s // 60} min"
-    return f"{s // 3600} h {s % 3600 // 60} min"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
 
 
 def time_html(moment: dt.datetime) -> SafeString:

@@ -85,10 +85,19 @@ def _persistence_unless_stopping(self: Any, request: Any, version: bytes) -> boo
     return bool(_check_persistence(self, request, version))
 
 
-def _connections(close_idle: bool) -> int:
-    """The HTTP connections still open (`lifecycle.drain`). A request whose response has not
-    started is answered with `Connection: close`; idle connections are closed if `close_idle`.
-    WebSockets (the admin's live page) are not waited for: they reconnect by themselves."""
+_idle_since: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+
+def _connections(now: float) -> int:
+    """The HTTP connections still open (`lifecycle.drain`, `now` its clock). A request whose
+    response has not started is answered with `Connection: close`; a connection is closed once
+    it has been idle for `IDLE_LINGER_S` (from when it went idle, not from the drain's start:
+    a stream that began before the drain ends on a keep-alive connection, and its client may
+    send again at once). WebSockets (the admin's live page) are not waited for: they
+    reconnect by themselves. Plain HTTP/1.1 over TCP, as `ocx serve` runs Daphne (no TLS or
+    HTTP/2 in the worker)."""
+    from ocxsite import lifecycle
+
     still_open = 0
     for generic in list(_channels):
         # Twisted's factory hands out a wrapper (`_GenericHTTPChannelProtocol`) around the
@@ -98,12 +107,16 @@ def _connections(close_idle: bool) -> int:
         if transport is None or transport.disconnected or transport.protocol is not generic:
             continue
         still_open += 1
-        if channel.requests:
-            request = channel.requests[-1]
-            if channel.persistent and not request.startedWriting:
+        # Busy: a request parsed, or the bytes of the next one still arriving.
+        if channel.requests or channel._buffer or channel._dataBuffer:  # noqa: SLF001
+            _idle_since.pop(channel, None)
+            request = channel.requests[-1] if channel.requests else None
+            if request is not None and channel.persistent and not request.startedWriting:
                 request.responseHeaders.setRawHeaders(b"Connection", [b"close"])
                 channel.persistent = False
-        elif close_idle and not transport.disconnecting:
+            continue
+        since = _idle_since.setdefault(channel, now)
+        if now - since >= lifecycle.IDLE_LINGER_S and not transport.disconnecting:
             channel.loseConnection()
     return still_open
 

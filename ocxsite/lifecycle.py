@@ -8,9 +8,10 @@ the uvicorn worker in `serve`) calls `drain` on SIGTERM. No Django here.
 
 Keep-alive connections are what makes a rolling restart lose requests: a client that sends on
 an idle connection just as the old worker closes it gets "server disconnected". So a draining
-worker answers every request with `Connection: close` and closes a connection that stays idle
-only after `IDLE_LINGER_S`, by which time a busy client has had its `close` and reconnected to
-a new worker; the worker stops once no connection is left (or the grace is over).
+worker answers every request with `Connection: close` and closes a connection only once it
+has stayed idle for `IDLE_LINGER_S`, by which time a busy client has had its `close` and
+reconnected to a new worker; the worker stops once no connection is left (or the grace is
+over).
 """
 
 from __future__ import annotations
@@ -78,14 +79,14 @@ async def drain(
     stop_listening: Callable[[], None],
     stop: Callable[[], None],
     flush: Callable[[], Awaitable[None]] | None = None,
-    connections: Callable[[bool], int] | None = None,
+    connections: Callable[[float], int] | None = None,
 ) -> None:
     """Stop accepting, wait for the running requests and the open client connections (up to
     the grace period), cancel what is left (each ends itself with `SHUTDOWN_FAILURE`), write
     what is queued (`flush`: the request log), then stop the server.
 
-    `connections(close_idle)` counts the client connections still open; with `close_idle` it
-    also closes the idle ones (called with True from `IDLE_LINGER_S` on)."""
+    `connections(now)` counts the client connections still open, and closes those idle for
+    `IDLE_LINGER_S` as of `now` (this loop's clock)."""
     mark_stopping()
     grace = grace_s()
     loop = asyncio.get_running_loop()
@@ -95,20 +96,21 @@ async def drain(
         grace,
     )
     stop_listening()
-    start = loop.time()
-    deadline = start + grace
-    linger_end = start + min(IDLE_LINGER_S, grace)
+    deadline = loop.time() + grace
+    still_open = 0
     while loop.time() < deadline:
         still_open = 0
         if connections is not None:
             try:
-                still_open = connections(loop.time() >= linger_end)
+                still_open = connections(loop.time())
             except Exception:  # noqa: BLE001 - a drain must end: fall back to requests only
                 log.warning("could not inspect the open connections", exc_info=True)
                 connections = None
         if not _inflight and not still_open:
             break
         await asyncio.sleep(0.05)
+    if still_open and not _inflight:
+        log.warning("grace period over: closing %d open connection(s)", still_open)
     if _inflight:
         log.warning("grace period over: ending %d request(s) with an error", len(_inflight))
         for task in list(_inflight):

@@ -148,7 +148,10 @@ def _write_log(entries: list[RequestEntry]) -> None:
     with connection.cursor() as cursor:
         if _insert.vendor == "postgresql":
             # COPY: one statement for the batch (executemany still runs one INSERT per row).
-            with cursor.cursor.copy(_insert.copy_sql) as copy:
+            # On the driver's own cursor, so its errors are turned into Django's here: an
+            # unreachable database must stay an OperationalError (the batch is kept and
+            # retried), not a psycopg one (the batch would be dropped).
+            with connection.wrap_database_errors, cursor.cursor.copy(_insert.copy_sql) as copy:
                 for row in rows:
                     copy.write_row(row)
         else:

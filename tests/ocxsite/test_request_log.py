@@ -400,6 +400,29 @@ def test_written_rows_keep_every_column(settings: Any) -> None:
     assert (other.stream, other.attempts, other.input_tokens) == (False, [], None)
 
 
+@pytest.mark.django_db
+def test_a_lost_postgresql_connection_during_copy_is_djangos_operational_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The batch writer keeps and retries a batch only on Django's OperationalError: the COPY,
+    run on psycopg's own cursor, must not let the driver's error through (the batch and its
+    usage counts would be dropped)."""
+    from django.db import OperationalError, connection
+
+    from ocxsite import requestlog
+
+    if connection.vendor != "postgresql":
+        pytest.skip("COPY is the PostgreSQL path")
+    import psycopg
+
+    def lost(self: Any, statement: Any, *args: Any, **kwargs: Any) -> Any:
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(psycopg.Cursor, "copy", lost)
+    with pytest.raises(OperationalError):
+        requestlog.write_entries([requestlog.RequestEntry(request_id="r1", at=time.time())])
+
+
 def test_requests_refused_before_routing_are_logged_too(server: Server, mock: Mock) -> None:
     """A bad key (401) and a key over its rpm budget (429) leave an entry, so failed
     authentication and throttled users show in the admin and /api/requests; the presented

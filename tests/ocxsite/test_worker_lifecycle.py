@@ -235,40 +235,124 @@ def test_a_draining_worker_answers_with_connection_close_and_closes_idle_connect
         stop()
 
 
-def test_drain_waits_for_connections_and_closes_idle_ones_after_the_linger(
+def test_drain_waits_for_the_open_connections_on_its_own_clock(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import asyncio
 
     from ocxsite import lifecycle
 
-    monkeypatch.setattr(lifecycle, "IDLE_LINGER_S", 0.2)
     monkeypatch.setattr(lifecycle, "_stopping", False)
     monkeypatch.setenv("OCX_SHUTDOWN_GRACE_S", "5")
-    calls: list[tuple[float, bool]] = []
+    seen: list[float] = []
     events: list[str] = []
 
-    async def run() -> float:
+    async def run() -> tuple[float, float]:
         loop = asyncio.get_running_loop()
+
+        def connections(now: float) -> int:
+            seen.append(now)
+            return 0 if len(seen) >= 4 else 1
+
         start = loop.time()
-
-        def connections(close_idle: bool) -> int:
-            calls.append((loop.time() - start, close_idle))
-            return 0 if close_idle and len([c for c in calls if c[1]]) >= 3 else 1
-
         await lifecycle.drain(
             lambda: events.append("stop_listening"),
             lambda: events.append("stop"),
             connections=connections,
         )
-        return loop.time() - start
+        return start, loop.time()
 
-    elapsed = asyncio.run(run())
+    start, end = asyncio.run(run())
     assert events == ["stop_listening", "stop"]
-    assert all(not idle for at, idle in calls if at < 0.19)
-    assert all(idle for at, idle in calls if at >= 0.2)
-    assert [idle for _, idle in calls][-3:] == [True, True, True]
-    assert 0.2 <= elapsed < 2.0
+    assert len(seen) == 4 and seen == sorted(seen)
+    assert start <= seen[0] and seen[-1] <= end < start + 2
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.disconnected = False
+        self.disconnecting = False
+        self.protocol: Any = None
+
+
+class FakeChannel:
+    def __init__(self) -> None:
+        self.transport = FakeTransport()
+        self.requests: list[Any] = []
+        self._buffer = b""
+        self._dataBuffer: list[bytes] = []
+        self.persistent = True
+        self.closed_at: float | None = None
+        self.now = 0.0
+
+    def loseConnection(self) -> None:  # noqa: N802 - Twisted's name
+        self.closed_at = self.now
+        self.transport.disconnecting = True
+
+
+class FakeGeneric:
+    def __init__(self) -> None:
+        self._channel = FakeChannel()
+        self._channel.transport.protocol = self
+
+
+class FakeRequest:
+    def __init__(self, started: bool) -> None:
+        self.startedWriting = started
+        self.headers: dict[bytes, list[bytes]] = {}
+
+    @property
+    def responseHeaders(self) -> Any:  # noqa: N802 - Twisted's name
+        outer = self
+
+        class Headers:
+            def setRawHeaders(self, name: bytes, values: list[bytes]) -> None:  # noqa: N802
+                outer.headers[name.lower()] = values
+
+        return Headers()
+
+
+def test_a_connection_is_closed_after_it_has_been_idle_for_the_linger(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Idle time counts from when a connection went idle: a stream that began before the drain
+    and ends later leaves its keep-alive connection open for the whole linger after it."""
+    from ocxsite import daphne_main, lifecycle
+
+    monkeypatch.setattr(lifecycle, "IDLE_LINGER_S", 1.0)
+    monkeypatch.setattr(daphne_main, "_channels", __import__("weakref").WeakSet())
+    monkeypatch.setattr(daphne_main, "_idle_since", __import__("weakref").WeakKeyDictionary())
+    idle, streaming, arriving, upgraded = FakeGeneric(), FakeGeneric(), FakeGeneric(), FakeGeneric()
+    stream = FakeRequest(started=True)
+    streaming._channel.requests = [stream]
+    arriving._channel._buffer = b"POST /v1/respo"  # a request line still arriving
+    upgraded._channel.transport.protocol = object()  # a WebSocket now
+    for g in (idle, streaming, arriving, upgraded):
+        daphne_main._channels.add(g)
+
+    def at(now: float) -> int:
+        for g in (idle, streaming, arriving, upgraded):
+            g._channel.now = now
+        return daphne_main._connections(now)
+
+    assert at(0.0) == 3  # the WebSocket is not waited for
+    assert at(0.95) == 3 and idle._channel.closed_at is None
+    at(1.0)
+    assert idle._channel.closed_at == 1.0
+    assert streaming._channel.persistent  # its answer had started: no header to add
+    streaming._channel.requests = []  # the stream ends at 1.5
+    arriving._channel._buffer = b""
+    fresh = FakeRequest(started=False)
+    arriving._channel.requests = [fresh]  # ... and the arriving request was parsed
+    at(1.5)
+    assert fresh.headers == {b"connection": [b"close"]}
+    assert not arriving._channel.persistent
+    at(2.45)
+    assert streaming._channel.closed_at is None  # idle since 1.5 only
+    at(2.5)
+    assert streaming._channel.closed_at == 2.5
+    assert arriving._channel.closed_at is None  # busy: closes itself after its answer
+    assert upgraded._channel.closed_at is None
 
 
 def test_sighup_restarts_workers_without_a_failed_request(
