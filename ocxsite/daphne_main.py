@@ -25,6 +25,8 @@ from daphne.cli import CommandLineInterface
 from daphne.server import Server
 from twisted.web import http
 
+from ocxsite import lifecycle
+
 RENAMED = {b"session_id": b"session-id", b"conversation_id": b"conversation-id"}
 
 _process = http_protocol.WebRequest.process
@@ -76,8 +78,6 @@ def _build_and_remember(self: Any, addr: Any) -> Any:
 
 
 def _persistence_unless_stopping(self: Any, request: Any, version: bytes) -> bool:
-    from ocxsite import lifecycle
-
     if lifecycle.stopping():
         # Served, then closed: the client reconnects to a worker that is not stopping.
         request.responseHeaders.setRawHeaders(b"Connection", [b"close"])
@@ -96,8 +96,6 @@ def _connections(now: float) -> int:
     send again at once). WebSockets (the admin's live page) are not waited for: they
     reconnect by themselves. Plain HTTP/1.1 over TCP, as `ocx serve` runs Daphne (no TLS or
     HTTP/2 in the worker)."""
-    from ocxsite import lifecycle
-
     still_open = 0
     for generic in list(_channels):
         # Twisted's factory hands out a wrapper (`_GenericHTTPChannelProtocol`) around the
@@ -136,8 +134,6 @@ def _stop_reactor() -> None:
 
 def _on_sigterm(signum: int, frame: object) -> None:
     from twisted.internet import reactor
-
-    from ocxsite import lifecycle
 
     if lifecycle.stopping():
         return

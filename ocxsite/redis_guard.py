@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import redis
@@ -432,7 +432,7 @@ class GuardedBudgetStore:
         _, maps = await self.local.read([], hashes, now_ms)
         return [self._estimate(name, now_ms) for name in counters], maps
 
-    async def add_many(self, items: Any, now_ms: int) -> list[int]:
+    async def add_many(self, items: Sequence[tuple[str, int, int]], now_ms: int) -> list[int]:
         sent = not self.breaker.open
         ok, values = await self.breaker.call(lambda: self.shared.add_many(items, now_ms))
         if ok:

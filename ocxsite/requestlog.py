@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -103,7 +104,6 @@ class _Insert:
 
         fields = [f for f in RequestLog._meta.concrete_fields if not f.primary_key]
         quote = connection.ops.quote_name
-        self.vendor = connection.vendor
         self.names = [f.attname for f in fields]
         table = quote(RequestLog._meta.db_table)
         columns = ", ".join(quote(str(f.column)) for f in fields)
@@ -135,27 +135,27 @@ class _Insert:
         return rows
 
 
-_insert: _Insert | None = None
+@functools.cache
+def _insert() -> _Insert:
+    return _Insert()  # one database per process: built on the first batch
 
 
 def _write_log(entries: list[RequestEntry]) -> None:
-    global _insert
     if not entries:
         return
-    if _insert is None or _insert.vendor != connection.vendor:
-        _insert = _Insert()
-    rows = _insert.rows(entries)
+    insert = _insert()
+    rows = insert.rows(entries)
     with connection.cursor() as cursor:
-        if _insert.vendor == "postgresql":
+        if connection.vendor == "postgresql":
             # COPY: one statement for the batch (executemany still runs one INSERT per row).
             # On the driver's own cursor, so its errors are turned into Django's here: an
             # unreachable database must stay an OperationalError (the batch is kept and
             # retried), not a psycopg one (the batch would be dropped).
-            with connection.wrap_database_errors, cursor.cursor.copy(_insert.copy_sql) as copy:
+            with connection.wrap_database_errors, cursor.cursor.copy(insert.copy_sql) as copy:
                 for row in rows:
                     copy.write_row(row)
         else:
-            cursor.executemany(_insert.sql, rows)
+            cursor.executemany(insert.sql, rows)
 
 
 def new_writer() -> BatchWriter[RequestEntry]:

@@ -99,6 +99,18 @@ def stream(url: str, headers: dict[str, str], out: dict[str, Any]) -> None:
         out["error"] = type(exc).__name__
 
 
+def start_stream(
+    server: Server, headers: dict[str, str], mock: Mock, deltas: int
+) -> tuple[threading.Thread, dict[str, Any]]:
+    """A stream of `deltas` events 100 ms apart, running in a thread once its first byte came."""
+    mock.script("fa", [{"deltas": deltas, "delta_ms": 100}])
+    out: dict[str, Any] = {}
+    thread = threading.Thread(target=stream, args=(server.url, headers, out))
+    thread.start()
+    wait_for(lambda: "first_byte" in out, 30, "the stream did not start")
+    return thread, out
+
+
 def test_killed_worker_is_restarted_and_the_others_keep_serving(
     tmp_path: Path, redis_url: str, mock: Mock
 ) -> None:
@@ -153,11 +165,7 @@ def test_sigterm_lets_a_running_stream_finish(tmp_path: Path, redis_url: str, mo
     server, stop = serve(tmp_path, redis_url, workers=1, grace="20")
     try:
         headers = configure(server, mock)
-        mock.script("fa", [{"deltas": 20, "delta_ms": 100}])  # about 2 s
-        out: dict[str, Any] = {}
-        thread = threading.Thread(target=stream, args=(server.url, headers, out))
-        thread.start()
-        wait_for(lambda: "first_byte" in out, 30, "the stream did not start")
+        thread, out = start_stream(server, headers, mock, 20)  # about 2 s
         server.proc.send_signal(signal.SIGTERM)
         thread.join(30)
         assert out.get("status") == 200 and "error" not in out, out
@@ -177,11 +185,7 @@ def test_sigterm_ends_a_stream_past_the_grace_with_an_error(
     server, stop = serve(tmp_path, redis_url, workers=1, grace="1")
     try:
         headers = configure(server, mock)
-        mock.script("fa", [{"deltas": 200, "delta_ms": 100}])  # 20 s: longer than the grace
-        out: dict[str, Any] = {}
-        thread = threading.Thread(target=stream, args=(server.url, headers, out))
-        thread.start()
-        wait_for(lambda: "first_byte" in out, 30, "the stream did not start")
+        thread, out = start_stream(server, headers, mock, 200)  # 20 s: longer than the grace
         signalled = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
         thread.join(30)
@@ -209,11 +213,7 @@ def test_a_draining_worker_answers_with_connection_close_and_closes_idle_connect
             first = keepalive.post("/v1/responses", json=body, headers=headers)
             assert first.status_code == 200 and "connection" not in first.headers
             assert idle.post("/v1/responses", json=body, headers=headers).status_code == 200
-            mock.script("fa", [{"deltas": 30, "delta_ms": 100}])  # about 3 s
-            out: dict[str, Any] = {}
-            thread = threading.Thread(target=stream, args=(server.url, headers, out))
-            thread.start()
-            wait_for(lambda: "first_byte" in out, 30, "the stream did not start")
+            thread, out = start_stream(server, headers, mock, 30)  # about 3 s
             signalled = time.monotonic()
             server.proc.send_signal(signal.SIGTERM)
             wait_for(
