@@ -72,4 +72,9 @@ def test_badges_show_states_and_follow_a_cooldown_live(
     assert primary.inner_text().startswith(f"pri-{tag}/{pm}: Cooling until ")
     assert "ocx-cooling" in (primary.get_attribute("class") or "")
     assert nokey.inner_text() == f"nokey-{tag}/{nm}: No credential"
+    # The admin pulls its object tools up into the title row: none may cover the notes.
+    notes = page.locator("#needs-attention").bounding_box()
+    tools = page.locator(".object-tools").bounding_box()
+    assert notes is not None and tools is not None
+    assert tools["y"] + tools["height"] <= notes["y"], (tools, notes)
     shot(page, "badges-02-cooling")
