@@ -21,7 +21,6 @@ import random
 import time
 from collections.abc import Mapping
 
-import httpx
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import InterfaceError as DbInterfaceError
@@ -46,7 +45,7 @@ from ocxsite.redis_guard import (
     GuardedStateStore,
     RedisBreaker,
 )
-from providers.upstream import ClientPool
+from providers.upstream import ProviderClient
 from quota import services as quota_services
 from quota.tracker import JsonStore, MemoryJsonStore, QuotaTracker
 from quota.windows import Transition, Window, transition_message
@@ -83,7 +82,7 @@ class Runtime:
             else None
         )
         self.store: StateStore = store or _default_store(self.redis)
-        self.clients: dict[str, ClientPool] = {}
+        self.clients: dict[str, ProviderClient] = {}
         self.rng = random.Random()
         self.shared = bool(settings.OCX_REDIS_URL)
         self.tracker = QuotaTracker(
@@ -252,11 +251,11 @@ class Runtime:
                     log.warning("database reachable again: config polling resumed")
                 failing = False
 
-    def client(self, provider: ProviderSpec) -> httpx.AsyncClient:
-        pool = self.clients.get(provider.name)
-        if pool is None:
-            pool = self.clients[provider.name] = ClientPool(provider)
-        return pool.get()
+    def client(self, provider: ProviderSpec) -> ProviderClient:
+        client = self.clients.get(provider.name)
+        if client is None:
+            client = self.clients[provider.name] = ProviderClient(provider)
+        return client
 
     def _on_windows(self, pair: tuple[str, str], windows: list[Window]) -> None:
         self.snapshots.submit((pair[0], pair[1], windows))
@@ -347,7 +346,7 @@ class Runtime:
         task.add_done_callback(_log_failure)
 
 
-async def _close_later(pool: ClientPool, delay_s: float) -> None:
+async def _close_later(pool: ProviderClient, delay_s: float) -> None:
     await asyncio.sleep(delay_s)
     await pool.aclose()
 

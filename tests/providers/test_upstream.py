@@ -1,4 +1,4 @@
-"""The per-provider HTTP clients (`providers.upstream.ClientPool`)."""
+"""The per-provider HTTP client (`providers.upstream.ProviderClient`)."""
 
 from __future__ import annotations
 
@@ -7,31 +7,62 @@ import ssl
 
 import httpx
 
-from combos.engine.types import ProviderSpec
-from providers.upstream import POOL_PARTS, ClientPool
-
-
-def tls_of(client: httpx.AsyncClient) -> ssl.SSLContext:
-    context: ssl.SSLContext = client._transport._pool._ssl_context  # type: ignore[attr-defined]
-    return context
+from combos.engine.types import ProviderSpec, Timeouts
+from providers.upstream import (
+    POOL_CONNECTIONS,
+    POOL_KEEPALIVE,
+    Caller,
+    ProviderClient,
+    upstream_headers,
+)
 
 
 def test_every_client_shares_one_verifying_tls_context() -> None:
-    pools = [
-        ClientPool(ProviderSpec(name=n, adapter="openai-chat", base_url=f"https://{n}.test/v1"))
+    clients = [
+        ProviderClient(ProviderSpec(name=n, adapter="openai-chat", base_url=f"https://{n}.test/v1"))
         for n in ("a", "b")
     ]
-    clients = [c for pool in pools for c in pool.clients]
-    assert len(clients) == 2 * POOL_PARTS
-    assert len({id(tls_of(c)) for c in clients}) == 1
-    context = tls_of(clients[0])
-    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
-    for pool in pools:
-        asyncio.run(pool.aclose())
+    contexts = [c.transport.ssl_context for c in clients]
+    assert contexts[0] is contexts[1] and contexts[0] is not None
+    assert contexts[0].verify_mode == ssl.CERT_REQUIRED and contexts[0].check_hostname
+    for client in clients:
+        asyncio.run(client.aclose())
 
 
-def test_clients_are_handed_out_in_turn() -> None:
-    pool = ClientPool(ProviderSpec(name="a", adapter="openai-chat", base_url="http://a.test/v1"))
-    handed = [pool.get() for _ in range(2 * POOL_PARTS)]
-    assert handed == pool.clients + pool.clients
-    asyncio.run(pool.aclose())
+def test_requests_carry_the_provider_timeouts_and_pool_limits() -> None:
+    spec = ProviderSpec(
+        name="a",
+        adapter="openai-chat",
+        base_url="http://a.test/v1",
+        timeouts=Timeouts(connect_ms=1500, first_byte_ms=9000, idle_ms=7000, total_ms=120_000),
+    )
+    client = ProviderClient(spec)
+    assert (client.transport.max_connections, client.transport.max_keepalive) == (
+        POOL_CONNECTIONS,
+        POOL_KEEPALIVE,
+    )
+    request = client.request("http://a.test:8080/v1/chat/completions", {"x-a": "1"}, b"{}")
+    assert request.extensions["timeout"] == {
+        "connect": 1.5,
+        "read": None,
+        "write": 120.0,
+        "pool": 1.5,
+    }
+    assert request.url == httpx.URL("http://a.test:8080/v1/chat/completions")
+    assert request.headers["host"] == "a.test:8080"
+    assert request.headers["content-length"] == "2"
+    asyncio.run(client.aclose())
+
+
+def test_upstream_headers_are_what_httpx_client_sent_plus_ours() -> None:
+    spec = ProviderSpec(name="a", adapter="openai-chat", base_url="http://a.test/v1")
+    headers = upstream_headers(spec, "sk-a", Caller(headers={}, request_id="r1"))
+    assert headers == {
+        "accept": "*/*",
+        "connection": "keep-alive",
+        "user-agent": f"python-httpx/{httpx.__version__}",
+        "content-type": "application/json",
+        "accept-encoding": "identity",
+        "authorization": "Bearer sk-a",
+        "x-request-id": "r1",
+    }

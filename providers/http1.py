@@ -1,0 +1,421 @@
+"""A lean HTTP/1.1 transport for httpx: asyncio protocols and httptools' C parser.
+
+httpx's default transport (httpcore, h11 and anyio) was a quarter to two fifths of a proxy
+worker's CPU (bench/README.md). This one does only what the upstream path needs: HTTP/1.1
+with keep-alive pools per origin, TLS from the stdlib, bodies given as bytes, and the
+exception types httpx's own transport raises for the same faults, so the failure
+classification in `providers.upstream.attempt` does not change:
+
+- refused, unreachable, TLS handshake failed: `httpx.ConnectError`; too slow: `ConnectTimeout`
+- the peer closed before the answer was whole: `RemoteProtocolError`; a reset: `ReadError`
+- bytes that are not HTTP: `RemoteProtocolError`
+- no free connection within the pool timeout: `PoolTimeout`
+
+Read timeouts are the caller's (`asyncio.timeout` around each read); a cancelled read closes
+the connection, since its answer can no longer be taken off the wire. Request bodies are
+bytes (no streamed uploads), and HEAD is not supported (its answer's framing differs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl
+from collections.abc import AsyncIterator
+from typing import cast
+
+import httptools
+import httpx
+
+# Past this many unread body bytes the socket stops being read (the upstream then waits).
+READ_HIGH_WATER = 1 << 20
+# An answer whose status line and headers are longer than this is refused (h11's bound too).
+MAX_HEAD = 100 * 1024
+
+Origin = tuple[bytes, str, int]
+_DEFAULT_PORTS = {b"http": 80, b"https": 443}
+
+
+class _Conn(asyncio.Protocol):
+    """One upstream connection; parses one answer at a time."""
+
+    def __init__(self, pool: Http1Transport, origin: Origin) -> None:
+        self.pool = pool
+        self.origin = origin
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.busy = False
+        self.idle_since = 0.0
+        self._waiter: asyncio.Future[None] | None = None
+        self._write_paused = False
+        self._drained: asyncio.Future[None] | None = None
+        self._begin()
+
+    def _begin(self) -> None:
+        self.status = 0
+        self.reason = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.headers_done = False
+        self.until_close = False  # body framed by the connection's end (no length, not chunked)
+        self.done = False
+        self.keep_alive = False
+        self.error: httpx.TransportError | None = None
+        self.chunks: collections.deque[bytes] = collections.deque()
+        self.buffered = 0
+        self.head_bytes = 0
+
+    # -- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.busy:
+            # Nothing was asked: an idle connection that talks is not safe to reuse.
+            self.close()
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(httpx.RemoteProtocolError(f"malformed HTTP answer: {exc}"))
+            self.close()
+            return
+        if not self.headers_done:
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD:
+                self._fail(httpx.RemoteProtocolError("answer head too large"))
+                self.close()
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.busy and not self.done and self.error is None:
+            if self.headers_done and self.until_close and exc is None:
+                self.done = True
+            elif exc is not None:
+                self.error = httpx.ReadError(type(exc).__name__)
+            elif self.headers_done:
+                self.error = httpx.RemoteProtocolError(
+                    "peer closed connection without sending complete message body"
+                )
+            else:
+                self.error = httpx.RemoteProtocolError(
+                    "Server disconnected without sending a response."
+                )
+        self._wake()
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        self.pool._forget(self)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    # -- httptools callbacks
+
+    def on_status(self, status: bytes) -> None:
+        self.reason += status
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:
+            # An interim answer (100 Continue, 103 Early Hints): the real one follows.
+            self.reason = b""
+            self.headers = []
+            return
+        self.status = status
+        self.keep_alive = self.parser.should_keep_alive()
+        framed = status in (204, 304)
+        for name, _ in self.headers:
+            low = name.lower()
+            if low == b"content-length" or low == b"transfer-encoding":
+                framed = True
+        self.until_close = not framed
+        self.headers_done = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self.buffered += len(body)
+        if self.buffered > READ_HIGH_WATER and self.transport is not None:
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        if not self.headers_done:
+            return  # the end of an interim answer
+        self.done = True
+        self._wake()
+
+    # -- used by the transport and the body stream
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _fail(self, error: httpx.TransportError) -> None:
+        if self.error is None and not self.done:
+            self.error = error
+        self._wake()
+
+    async def wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    async def send(self, head: bytes, body: bytes, write_s: float | None) -> None:
+        assert self.transport is not None
+        self._begin()
+        self.busy = True
+        self.transport.write(head + body if len(body) < 65536 else head)
+        if len(body) >= 65536:
+            self.transport.write(body)
+        if self._write_paused and not self.closed:
+            self._drained = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(write_s):
+                    await self._drained
+            except TimeoutError:
+                raise httpx.WriteTimeout("request body not taken in time") from None
+            finally:
+                self._drained = None
+        while not self.headers_done:
+            if self.error is not None:
+                raise self.error
+            if self.closed:
+                raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+            await self.wait()
+
+    def take(self) -> bytes:
+        data = b"".join(self.chunks) if len(self.chunks) > 1 else self.chunks[0]
+        self.discard()
+        return data
+
+    def discard(self) -> None:
+        self.chunks.clear()
+        if self.buffered > READ_HIGH_WATER and self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+        self.buffered = 0
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.close()
+        self.closed = True
+
+
+class _Body(httpx.AsyncByteStream):
+    def __init__(self, conn: _Conn) -> None:
+        self._conn: _Conn | None = conn
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while (conn := self._conn) is not None:
+            if conn.chunks:
+                yield conn.take()
+            elif conn.error is not None:
+                raise conn.error
+            elif conn.done:
+                break
+            elif conn.closed:
+                raise httpx.RemoteProtocolError(
+                    "peer closed connection without sending complete message body"
+                )
+            else:
+                await conn.wait()
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        # Whole and reusable: back to the pool; anything else cannot carry another answer.
+        reuse = conn.done and conn.keep_alive and conn.error is None and not conn.closed
+        conn.discard()  # unread bytes of a whole answer: reading resumes for the next one
+        conn.busy = False
+        if not reuse:
+            conn.close()
+        conn.pool._release(conn, reuse)
+
+
+class Http1Transport(httpx.AsyncBaseTransport):
+    """Keep-alive pools per origin, at most `max_connections` sockets in all."""
+
+    def __init__(
+        self,
+        *,
+        ssl_context: ssl.SSLContext | None,
+        max_connections: int = 64,
+        max_keepalive: int = 16,
+        keepalive_expiry: float = 30.0,
+    ) -> None:
+        self.ssl_context = ssl_context
+        self.max_connections = max_connections
+        self.max_keepalive = max_keepalive
+        self.keepalive_expiry = keepalive_expiry
+        self._idle: dict[Origin, list[_Conn]] = {}
+        self._all: set[_Conn] = set()
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._closing = False
+
+    def connections(self) -> int:
+        return len(self._all)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        scheme = url.raw_scheme
+        if scheme not in _DEFAULT_PORTS:
+            raise httpx.UnsupportedProtocol(f"unsupported scheme {scheme!r}", request=request)
+        origin: Origin = (scheme, url.host, url.port or _DEFAULT_PORTS[scheme])
+        timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
+        body = request.content  # raises httpx.RequestNotRead for a streamed body
+        head = b"".join(
+            [
+                request.method.encode(),
+                b" ",
+                url.raw_path,
+                b" HTTP/1.1\r\n",
+                *[b"%s: %s\r\n" % pair for pair in request.headers.raw],
+                b"\r\n",
+            ]
+        )
+        conn = await self._acquire(origin, timeouts, request)
+        try:
+            await conn.send(head, body, timeouts.get("write"))
+        except BaseException as exc:
+            conn.busy = False
+            conn.close()
+            self._release(conn, False)
+            if isinstance(exc, httpx.TransportError) and exc._request is None:
+                exc.request = request
+            raise
+        return httpx.Response(
+            conn.status,
+            headers=conn.headers,
+            stream=_Body(conn),
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": conn.reason.strip()},
+        )
+
+    async def _acquire(
+        self, origin: Origin, timeouts: dict[str, float | None], request: httpx.Request
+    ) -> _Conn:
+        loop = asyncio.get_running_loop()
+        idle = self._idle.get(origin)
+        while idle:
+            conn = idle.pop()
+            if conn.closed:
+                continue
+            if loop.time() - conn.idle_since > self.keepalive_expiry:
+                conn.close()
+                self._all.discard(conn)
+                continue
+            conn.busy = True
+            return conn
+        if len(self._all) >= self.max_connections:
+            self._evict_idle()
+        if len(self._all) >= self.max_connections:
+            await self._wait_for_room(timeouts.get("pool"), request)
+            return await self._acquire(origin, timeouts, request)
+        return await self._connect(origin, timeouts.get("connect"), request)
+
+    async def _connect(
+        self, origin: Origin, connect_s: float | None, request: httpx.Request
+    ) -> _Conn:
+        loop = asyncio.get_running_loop()
+        scheme, host, port = origin
+        tls = self.ssl_context if scheme == b"https" else None
+        if scheme == b"https" and tls is None:
+            tls = ssl.create_default_context()
+        conn = _Conn(self, origin)
+        self._all.add(conn)  # counts against the limit while it connects
+        try:
+            async with asyncio.timeout(connect_s):
+                await loop.create_connection(
+                    lambda: conn, host, port, ssl=tls, server_hostname=host if tls else None
+                )
+        except TimeoutError:
+            self._all.discard(conn)
+            self._wake_waiter()
+            raise httpx.ConnectTimeout("connect timeout", request=request) from None
+        except (OSError, ssl.SSLError) as exc:
+            self._all.discard(conn)
+            self._wake_waiter()
+            raise httpx.ConnectError(type(exc).__name__, request=request) from None
+        except BaseException:
+            self._all.discard(conn)
+            conn.close()
+            self._wake_waiter()
+            raise
+        conn.busy = True
+        return conn
+
+    def _evict_idle(self) -> None:
+        for conns in self._idle.values():
+            while conns:
+                victim = conns.pop(0)
+                victim.close()
+                self._all.discard(victim)
+                return
+
+    async def _wait_for_room(self, pool_s: float | None, request: httpx.Request) -> None:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(pool_s):
+                await waiter
+        except TimeoutError:
+            raise httpx.PoolTimeout("no free upstream connection", request=request) from None
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def _wake_waiter(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _release(self, conn: _Conn, reuse: bool) -> None:
+        if reuse and not self._closing:
+            idle = self._idle.setdefault(conn.origin, [])
+            if len(idle) < self.max_keepalive:
+                conn.idle_since = asyncio.get_running_loop().time()
+                idle.append(conn)
+                self._wake_waiter()
+                return
+            conn.close()
+        self._all.discard(conn)
+        self._wake_waiter()
+
+    def _forget(self, conn: _Conn) -> None:
+        # connection_lost: an idle connection the upstream closed leaves the pool now.
+        if not conn.busy:
+            idle = self._idle.get(conn.origin)
+            if idle and conn in idle:
+                idle.remove(conn)
+            if conn in self._all:
+                self._all.discard(conn)
+                self._wake_waiter()
+
+    async def aclose(self) -> None:
+        self._closing = True
+        for conn in list(self._all):
+            conn.close()
+        self._all.clear()
+        self._idle.clear()
+
+    def __repr__(self) -> str:
+        return f"<Http1Transport {len(self._all)} connections>"

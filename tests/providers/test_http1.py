@@ -1,0 +1,440 @@
+"""`providers.http1.Http1Transport` against real sockets: a scripted raw asyncio server."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import struct
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from providers.http1 import Http1Transport
+
+Answer = Callable[[asyncio.StreamWriter, int], Awaitable[None]]
+
+
+class Server:
+    """Accepts connections, reads each request whole, then runs `answer(writer, n)` for the
+    n-th request (0-based, across connections)."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Server:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1/x?q=1"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":", 1)[1])
+                self.requests.append(head + await reader.readexactly(length))
+                await self.answer(writer, len(self.requests) - 1)
+                if writer.is_closing():
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+
+def ok(body: bytes = b'{"ok":true}', extra: bytes = b"") -> Answer:
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            + extra
+            + b"content-length: %d\r\n\r\n" % len(body)
+            + body
+        )
+        await writer.drain()
+
+    return answer
+
+
+def reset(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+def client(**kw: object) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        transport=Http1Transport(ssl_context=None, **kw),  # type: ignore[arg-type]
+        timeout=httpx.Timeout(1.0, read=None, pool=0.05),
+    )
+
+
+async def post(c: httpx.AsyncClient, url: str, body: bytes = b'{"a":1}') -> httpx.Response:
+    return await c.send(c.build_request("POST", url, content=body), stream=True)
+
+
+async def read(resp: httpx.Response) -> bytes:
+    out = b"".join([chunk async for chunk in resp.aiter_raw()])
+    await resp.aclose()
+    return out
+
+
+async def test_answer_and_request_on_the_wire() -> None:
+    async with Server(ok(extra=b"x-codex-primary-used-percent: 12\r\n")) as srv:
+        async with client() as c:
+            resp = await post(c, srv.url, b'{"model":"m"}')
+            assert resp.status_code == 200
+            assert resp.headers["x-codex-primary-used-percent"] == "12"
+            assert resp.reason_phrase == "OK"
+            assert await read(resp) == b'{"ok":true}'
+    head, _, body = srv.requests[0].partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"POST /v1/x?q=1 HTTP/1.1"
+    assert f"host: 127.0.0.1:{srv.port}".encode() in [line.lower() for line in lines]
+    assert b"content-length: 13" in [line.lower() for line in lines]
+    assert body == b'{"model":"m"}'
+
+
+async def test_a_whole_answer_leaves_its_connection_for_the_next_request() -> None:
+    async with Server(ok()) as srv:
+        async with client() as c:
+            for _ in range(3):
+                assert await read(await post(c, srv.url)) == b'{"ok":true}'
+            assert c._transport.connections() == 1  # type: ignore[attr-defined]
+    assert srv.connections == 1 and len(srv.requests) == 3
+
+
+async def test_chunked_stream_arrives_in_order_and_whole() -> None:
+    parts = [b"data: %d\n\n" % i for i in range(20)]
+
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for part in parts:
+            writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+            await writer.drain()
+            await asyncio.sleep(0)
+        writer.write(b"0\r\n\r\n")
+
+    async with Server(answer) as srv:
+        async with client() as c:
+            assert await read(await post(c, srv.url)) == b"".join(parts)
+            assert await read(await post(c, srv.url)) == b"".join(parts)
+    assert srv.connections == 1
+
+
+async def test_connection_close_answer_is_not_reused() -> None:
+    async with Server(ok(extra=b"connection: close\r\n")) as srv:
+        async with client() as c:
+            assert await read(await post(c, srv.url)) == b'{"ok":true}'
+            assert await read(await post(c, srv.url)) == b'{"ok":true}'
+    assert srv.connections == 2
+
+
+async def test_body_without_length_ends_with_the_connection() -> None:
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\npart one, ")
+        await writer.drain()
+        writer.write(b"part two")
+        writer.close()
+
+    async with Server(answer) as srv:
+        async with client() as c:
+            assert await read(await post(c, srv.url)) == b"part one, part two"
+            assert c._transport.connections() == 0  # type: ignore[attr-defined]
+
+
+async def test_disconnect_before_the_answer_is_a_protocol_error() -> None:
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.close()
+
+    async with Server(answer) as srv:
+        async with client() as c:
+            with pytest.raises(httpx.RemoteProtocolError, match="without sending a response"):
+                await post(c, srv.url)
+            assert c._transport.connections() == 0  # type: ignore[attr-defined]
+
+
+async def test_disconnect_inside_a_sized_body_is_a_protocol_error() -> None:
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly this")
+        await writer.drain()
+        writer.close()
+
+    async with Server(answer) as srv:
+        async with client() as c:
+            resp = await post(c, srv.url)
+            assert resp.status_code == 200
+            with pytest.raises(httpx.RemoteProtocolError, match="complete message body"):
+                await read(resp)
+
+
+async def test_reset_inside_a_stream_is_a_read_error() -> None:
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.02)
+        reset(writer)
+
+    async with Server(answer) as srv:
+        async with client() as c:
+            resp = await post(c, srv.url)
+            got = []
+            with pytest.raises(httpx.ReadError):
+                async for chunk in resp.aiter_raw():
+                    got.append(chunk)
+            assert got == [b"hello"]
+            await resp.aclose()
+            assert c._transport.connections() == 0  # type: ignore[attr-defined]
+
+
+async def test_bytes_that_are_not_http_are_a_protocol_error() -> None:
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+        await writer.drain()
+
+    async with Server(answer) as srv:
+        async with client() as c:
+            with pytest.raises(httpx.RemoteProtocolError, match="malformed"):
+                await post(c, srv.url)
+
+
+async def test_refused_connection_is_a_connect_error() -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    async with client() as c:
+        with pytest.raises(httpx.ConnectError):
+            await post(c, f"http://127.0.0.1:{port}/v1/x")
+        assert c._transport.connections() == 0  # type: ignore[attr-defined]
+
+
+async def test_full_pool_waits_then_times_out_and_frees_on_close() -> None:
+    async with Server(ok()) as srv:
+        async with client(max_connections=1) as c:
+            held = await post(c, srv.url)
+            with pytest.raises(httpx.PoolTimeout):
+                await post(c, srv.url)
+            waiting = asyncio.ensure_future(post(c, srv.url))
+            await asyncio.sleep(0.01)
+            assert not waiting.done()
+            assert await read(held) == b'{"ok":true}'
+            assert await read(await waiting) == b'{"ok":true}'
+    assert srv.connections == 1
+
+
+async def test_full_pool_closes_an_idle_connection_of_another_origin() -> None:
+    async with Server(ok()) as one, Server(ok()) as two:
+        async with client(max_connections=1) as c:
+            assert await read(await post(c, one.url)) == b'{"ok":true}'
+            assert await read(await post(c, two.url)) == b'{"ok":true}'
+            assert c._transport.connections() == 1  # type: ignore[attr-defined]
+
+
+async def test_answer_closed_before_its_end_closes_the_connection() -> None:
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        await writer.drain()
+        if n > 0:
+            writer.write(b"0\r\n\r\n")
+
+    async with Server(answer) as srv:
+        async with client() as c:
+            resp = await post(c, srv.url)
+            await resp.aclose()  # the client went away mid-stream
+            assert c._transport.connections() == 0  # type: ignore[attr-defined]
+            assert await read(await post(c, srv.url)) == b"hello"
+    assert srv.connections == 2
+
+
+async def test_cancelled_wait_for_the_answer_closes_the_connection() -> None:
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        if n > 0:
+            await ok()(writer, n)
+
+    async with Server(answer) as srv:
+        async with client() as c:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.05):
+                    await post(c, srv.url)
+            assert c._transport.connections() == 0  # type: ignore[attr-defined]
+            assert await read(await post(c, srv.url)) == b'{"ok":true}'
+    assert srv.connections == 2
+
+
+async def test_idle_connection_closed_by_the_upstream_leaves_the_pool() -> None:
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        await ok()(writer, n)
+        if n == 0:
+            writer.close()  # keep-alive promised, then dropped while idle
+
+    async with Server(answer) as srv:
+        async with client() as c:
+            assert await read(await post(c, srv.url)) == b'{"ok":true}'
+            for _ in range(100):
+                if c._transport.connections() == 0:  # type: ignore[attr-defined]
+                    break
+                await asyncio.sleep(0.005)
+            assert c._transport.connections() == 0  # type: ignore[attr-defined]
+            assert await read(await post(c, srv.url)) == b'{"ok":true}'
+    assert srv.connections == 2
+
+
+async def test_expired_keepalive_connection_is_not_reused() -> None:
+    async with Server(ok()) as srv:
+        async with client(keepalive_expiry=0.0) as c:
+            assert await read(await post(c, srv.url)) == b'{"ok":true}'
+            await asyncio.sleep(0.01)
+            assert await read(await post(c, srv.url)) == b'{"ok":true}'
+    assert srv.connections == 2
+
+
+async def test_interim_answer_is_skipped() -> None:
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await ok()(writer, n)
+
+    async with Server(answer) as srv:
+        async with client() as c:
+            resp = await post(c, srv.url)
+            assert resp.status_code == 200
+            assert await read(resp) == b'{"ok":true}'
+            assert await read(await post(c, srv.url)) == b'{"ok":true}'
+    assert srv.connections == 1
+
+
+async def test_error_status_is_an_answer_not_an_exception() -> None:
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        body = b'{"error":{"type":"rate_limit"}}'
+        writer.write(
+            b"HTTP/1.1 429 Too Many Requests\r\nretry-after: 3\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+
+    async with Server(answer) as srv:
+        async with client() as c:
+            resp = await post(c, srv.url)
+            assert (resp.status_code, resp.headers["retry-after"]) == (429, "3")
+            assert await read(resp) == b'{"error":{"type":"rate_limit"}}'
+    assert srv.connections == 1
+
+
+async def test_large_body_is_paused_and_resumed_without_loss() -> None:
+    blob = bytes(range(256)) * 12_000  # 3 MB: past the read high-water mark
+
+    async with Server(ok(blob)) as srv:
+        async with client() as c:
+            resp = await post(c, srv.url)
+            await asyncio.sleep(0.05)  # let it pile up unread
+            assert await read(resp) == blob
+            assert await read(await post(c, srv.url)) == blob
+    assert srv.connections == 1
+
+
+def _self_signed(tmp: Path) -> tuple[Path, Path]:
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=1))
+        .not_valid_after(now + dt.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+async def test_tls_verifies_the_upstream_certificate(tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    requests: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            requests.append(await reader.readuntil(b"\r\n\r\n") + await reader.readexactly(2))
+            await ok()(writer, 0)
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_tls)
+    port = server.sockets[0].getsockname()[1]
+    url = f"https://localhost:{port}/v1/x"
+    trusting = ssl.create_default_context(cafile=str(cert))
+    try:
+        async with httpx.AsyncClient(transport=Http1Transport(ssl_context=trusting)) as c:
+            assert await read(await post(c, url, b"{}")) == b'{"ok":true}'
+        # The system's CAs do not know this certificate: no request bytes leave.
+        async with httpx.AsyncClient(
+            transport=Http1Transport(ssl_context=ssl.create_default_context())
+        ) as c:
+            with pytest.raises(httpx.ConnectError):
+                await post(c, url, b"{}")
+    finally:
+        server.close()
+    assert len(requests) == 1
+
+
+def test_works_on_uvloop() -> None:
+    # `ocx serve --server uvicorn` runs on uvloop, whose transports do not subclass asyncio's.
+    uvloop = pytest.importorskip("uvloop")
+
+    async def go() -> bytes:
+        async with Server(ok()) as srv:
+            async with client() as c:
+                await read(await post(c, srv.url))
+                return await read(await post(c, srv.url))
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        assert runner.run(go()) == b'{"ok":true}'
+
+
+async def test_endless_head_is_refused() -> None:
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        for i in range(4000):
+            writer.write(b"x-filler-%d: %s\r\n" % (i, b"y" * 40))
+        await writer.drain()
+
+    async with Server(answer) as srv:
+        async with client() as c:
+            with pytest.raises(httpx.RemoteProtocolError, match="too large"):
+                await post(c, srv.url)
+            assert c._transport.connections() == 0  # type: ignore[attr-defined]
