@@ -65,6 +65,7 @@ def main() -> None:
             for api, stream, conc in points:
                 run.wrk(t, api, stream, conc, 1, [])
         got: dict[str, dict[str, list[float]]] = {"a": {}, "b": {}}
+        p99: dict[str, dict[str, list[float]]] = {"a": {}, "b": {}}
         for rnd in range(args.rounds):
             order = [("a", a), ("b", b)] if rnd % 2 == 0 else [("b", b), ("a", a)]
             for api, stream, conc in points:
@@ -74,22 +75,27 @@ def main() -> None:
                     if "error" in r or r["non2xx"]:
                         raise SystemExit(f"{side} {key}: {r}")
                     got[side].setdefault(key, []).append(r["cpu_ms_per_req"])
+                    p99[side].setdefault(key, []).append(r["p99_ms"])
                     run.log(
-                        f"round {rnd} {side} {key}: {r['cpu_ms_per_req']} ms/req {r['rps']} req/s"
+                        f"round {rnd} {side} {key}: {r['cpu_ms_per_req']} ms/req "
+                        f"{r['rps']} req/s p99 {r['p99_ms']} ms"
                     )
     finally:
         run.cleanup()
-    lines = ["| point | A CPU ms/req (median, range) | B | B ÷ A |", "|---|---|---|---|"]
-    for key in got["a"]:
-        ma, mb = statistics.median(got["a"][key]), statistics.median(got["b"][key])
-        ra, rb = got["a"][key], got["b"][key]
-        lines.append(
-            f"| {key} | {ma:.3f} ({min(ra):.3f}–{max(ra):.3f}) "
-            f"| {mb:.3f} ({min(rb):.3f}–{max(rb):.3f}) | {mb / ma:.3f} |"
-        )
-    print("\n".join(lines))
+    for title, data in (("CPU ms/req", got), ("p99 ms", p99)):
+        lines = [f"| point | A {title} (median, range) | B | B ÷ A |", "|---|---|---|---|"]
+        for key in data["a"]:
+            ra, rb = data["a"][key], data["b"][key]
+            ma, mb = statistics.median(ra), statistics.median(rb)
+            lines.append(
+                f"| {key} | {ma:.3f} ({min(ra):.3f}–{max(ra):.3f}) "
+                f"| {mb:.3f} ({min(rb):.3f}–{max(rb):.3f}) | {mb / ma:.3f} |"
+            )
+        print("\n".join(lines) + "\n")
     if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "cpu_ms_per_req": got}, indent=1))
+        Path(args.out).write_text(
+            json.dumps({"args": vars(args), "cpu_ms_per_req": got, "p99_ms": p99}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -151,6 +151,7 @@ def _when_running() -> None:
     # Ctrl-C in a terminal reaches the workers as well as `ocx serve`.
     signal.signal(signal.SIGTERM, _on_sigterm)
     signal.signal(signal.SIGINT, _on_sigterm)
+    lifecycle.freeze_heap()
     ready_fd = os.environ.pop("OCX_READY_FD", None)
     if ready_fd:
         # Tells `ocx serve` this worker accepts connections (a SIGHUP reload waits for it).

@@ -71,6 +71,12 @@ REDIS_DEGRADED = Gauge(
 REDIS_OUTAGES = Counter(
     "ocx_redis_outages", "Times a worker lost Redis and switched to its own state"
 )
+FROZEN_OBJECTS = Gauge(
+    "ocx_worker_frozen_objects",
+    "Objects a worker moved out of the garbage collector's sight at start (0: it did not; "
+    "the smallest over the living workers)",
+    multiprocess_mode="livemin",
+)
 
 
 def render() -> tuple[bytes, str]:

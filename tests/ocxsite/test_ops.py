@@ -277,3 +277,8 @@ def test_json_log_lines_are_bare_json_objects(json_server: Server, mock: Mock) -
         time.sleep(0.05)
     line = next(line for line in list(server.output) if request_id in line)
     assert json.loads(line)["request_id"] == request_id
+
+
+def test_worker_froze_its_startup_heap(server: Server) -> None:
+    # lifecycle.freeze_heap: without it a full collection walks the whole heap (p99 stalls).
+    assert value(samples(server), "ocx_worker_frozen_objects") > 10_000

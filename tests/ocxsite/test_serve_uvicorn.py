@@ -255,3 +255,14 @@ def test_check_server_function() -> None:
     else:
         with pytest.raises(CommandError, match="needs uvicorn"):
             serve.check_server("uvicorn")
+
+
+@needs_uvicorn
+def test_uvicorn_worker_froze_its_startup_heap(server: Server) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = server.http.get("/metrics")
+    found = {
+        s.name: s.value for family in text_string_to_metric_families(r.text) for s in family.samples
+    }
+    assert found["ocx_worker_frozen_objects"] > 10_000

@@ -105,6 +105,10 @@ def _graceful(base: type[Any]) -> type[Any]:
             if ready_fd:
                 threading.Thread(target=self._say_ready, args=(int(ready_fd),), daemon=True).start()
 
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            lifecycle.freeze_heap()
+
         def _say_ready(self, fd: int) -> None:
             while not self.started and not self.should_exit:
                 time.sleep(0.05)
