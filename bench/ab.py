@@ -2,7 +2,7 @@
 
     python bench/ab.py --a /tmp/ocx-old --b . [--rounds 4] [--duration 5]
         [--points chat:json:1,chat:json:16,chat:stream:16,responses:stream:16]
-        [--env-a K=V] [--env-b K=V] [--redis] [--out FILE]
+        [--env-a K=V] [--env-b K=V] [--redis [--budget]] [--out FILE]
 
 Both instances run side by side (one Daphne worker each, in front of one mock upstream), and
 only one is loaded at a time: every round runs each point on A then B, or B then A on odd
@@ -26,11 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run  # noqa: E402 - bench/run.py, the harness this reuses
 
 
-def start_from(root: Path, name: str, mock_base: str, redis: bool, env: dict[str, str]) -> Any:
+def start_from(
+    root: Path, name: str, mock_base: str, redis: bool, budget: bool, env: dict[str, str]
+) -> Any:
     saved = run.ROOT
     run.ROOT = root
     try:
-        return run.start_ocx(name, mock_base, redis=redis, extra_env=env)
+        return run.start_ocx(name, mock_base, redis=redis, extra_env=env, budget=budget)
     finally:
         run.ROOT = saved
 
@@ -51,6 +53,9 @@ def main() -> None:
     p.add_argument("--env-a", action="append", default=[], help="K=V for A's processes")
     p.add_argument("--env-b", action="append", default=[], help="K=V for B's processes")
     p.add_argument("--redis", action="store_true", help="both with REDIS_URL (ocx-prod)")
+    p.add_argument(
+        "--budget", action="store_true", help="with --redis: a key and a user budget (ocx-full)"
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args()
     points = [
@@ -59,8 +64,13 @@ def main() -> None:
     try:
         mock_proc, mock_base = run.start_mock()
         mock = run.Target("mock", mock_base, mock_proc.pid, None, {})
-        a = start_from(Path(args.a).resolve(), "ocx-a", mock_base, args.redis, pairs(args.env_a))
-        b = start_from(Path(args.b).resolve(), "ocx-b", mock_base, args.redis, pairs(args.env_b))
+        a, b = (
+            start_from(Path(root).resolve(), name, mock_base, args.redis, args.budget, pairs(env))
+            for root, name, env in (
+                (args.a, "ocx-a", args.env_a),
+                (args.b, "ocx-b", args.env_b),
+            )
+        )
         for t in (a, b):  # warm both: connections, caches, first-request imports
             for api, stream, conc in points:
                 run.wrk(t, api, stream, conc, 1, [])

@@ -27,6 +27,7 @@ class Server:
         self.requests: list[bytes] = []
         self.port = 0
         self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
 
     async def __aenter__(self) -> Server:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -36,6 +37,9 @@ class Server:
     async def __aexit__(self, *exc: object) -> None:
         assert self._server is not None
         self._server.close()
+        for writer in self._writers:  # handlers still waiting for a request end quietly
+            writer.close()
+        await asyncio.sleep(0)
 
     @property
     def url(self) -> str:
@@ -43,6 +47,7 @@ class Server:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        self._writers.append(writer)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")

@@ -66,3 +66,23 @@ def test_upstream_headers_are_what_httpx_client_sent_plus_ours() -> None:
         "authorization": "Bearer sk-a",
         "x-request-id": "r1",
     }
+
+
+async def test_an_upstream_cookie_is_never_sent_back() -> None:
+    # httpx.AsyncClient kept a cookie jar: one caller's upstream cookie went out on every
+    # later caller's request. Requests now go straight to the transport.
+    from tests.providers.test_http1 import Server, ok
+
+    async with Server(ok(extra=b"set-cookie: session=caller-a; Path=/\r\n")) as srv:
+        spec = ProviderSpec(
+            name="a", adapter="openai-chat", base_url=f"http://127.0.0.1:{srv.port}"
+        )
+        client = ProviderClient(spec)
+        for _ in range(2):
+            resp = await client.send(client.request(srv.url, {"x-a": "1"}, b"{}"))
+            assert resp.headers["set-cookie"].startswith("session=caller-a")
+            await resp.aread()
+            await resp.aclose()
+        await client.aclose()
+    assert len(srv.requests) == 2
+    assert b"cookie:" not in srv.requests[1].lower().replace(b"set-cookie", b"")
