@@ -58,6 +58,7 @@ def freeze_heap() -> bool:
     if os.environ.get("OCX_GC_FREEZE", "1") == "0":
         metrics.FROZEN_OBJECTS.set(0)
         return False
+    gc.collect()  # startup's garbage is freed first, not kept for the worker's life
     gc.freeze()
     metrics.FROZEN_OBJECTS.set(gc.get_freeze_count())
     return True

@@ -36,6 +36,10 @@ Origin = tuple[bytes, str, int]
 _DEFAULT_PORTS = {b"http": 80, b"https": 443}
 
 
+class _Stray(Exception):
+    pass
+
+
 class _Conn(asyncio.Protocol):
     """One upstream connection; parses one answer at a time."""
 
@@ -70,6 +74,8 @@ class _Conn(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
+        if self.closed:  # the pool closed while this one was connecting
+            self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         if not self.busy:
@@ -78,7 +84,9 @@ class _Conn(asyncio.Protocol):
             return
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            # Also bytes after a whole answer (`on_message_begin`): that answer stands, but
+            # the connection is out of step and is not reused.
             self._fail(httpx.RemoteProtocolError(f"malformed HTTP answer: {exc}"))
             self.close()
             return
@@ -120,6 +128,10 @@ class _Conn(asyncio.Protocol):
             self._drained.set_result(None)
 
     # -- httptools callbacks
+
+    def on_message_begin(self) -> None:
+        if self.headers_done:
+            raise _Stray("bytes after a whole answer")
 
     def on_status(self, status: bytes) -> None:
         self.reason += status
@@ -212,8 +224,10 @@ class _Conn(asyncio.Protocol):
         self.buffered = 0
 
     def close(self) -> None:
+        # abort, not close: a TLS close waits for the peer's close_notify (30 s on uvloop),
+        # and a stream the client left must stop at the upstream now.
         if self.transport is not None and not self.closed:
-            self.transport.close()
+            self.transport.abort()
         self.closed = True
 
 
@@ -278,19 +292,28 @@ class Http1Transport(httpx.AsyncBaseTransport):
         scheme = url.raw_scheme
         if scheme not in _DEFAULT_PORTS:
             raise httpx.UnsupportedProtocol(f"unsupported scheme {scheme!r}", request=request)
-        origin: Origin = (scheme, url.host, url.port or _DEFAULT_PORTS[scheme])
+        # The IDNA-encoded name, as in the Host header, for DNS and TLS (SNI, verification).
+        origin: Origin = (scheme, url.raw_host.decode("ascii"), url.port or _DEFAULT_PORTS[scheme])
         timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
         body = request.content  # raises httpx.RequestNotRead for a streamed body
+        raw = request.headers.raw
         head = b"".join(
             [
                 request.method.encode(),
                 b" ",
                 url.raw_path,
                 b" HTTP/1.1\r\n",
-                *[b"%s: %s\r\n" % pair for pair in request.headers.raw],
+                *[b"%s: %s\r\n" % pair for pair in raw],
                 b"\r\n",
             ]
         )
+        # A CR, LF or NUL inside a name or value (a pasted key with a newline) would end the
+        # head early and put the connection out of step with its answers: refused, unsent.
+        lines = len(raw) + 2
+        if head.count(b"\n") != lines or head.count(b"\r") != lines or b"\0" in head:
+            raise httpx.LocalProtocolError(
+                "a request header or the target contains CR, LF or NUL", request=request
+            )
         conn = await self._acquire(origin, timeouts, request)
         try:
             await conn.send(head, body, timeouts.get("write"))
@@ -320,6 +343,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
             if loop.time() - conn.idle_since > self.keepalive_expiry:
                 conn.close()
                 self._all.discard(conn)
+                self._wake_waiter()
                 continue
             conn.busy = True
             return conn
@@ -375,11 +399,14 @@ class Http1Transport(httpx.AsyncBaseTransport):
         try:
             async with asyncio.timeout(pool_s):
                 await waiter
-        except TimeoutError:
-            raise httpx.PoolTimeout("no free upstream connection", request=request) from None
-        finally:
+        except BaseException as exc:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
+            elif waiter.done() and not waiter.cancelled():
+                self._wake_waiter()  # woken, but leaving: the room goes to the next in line
+            if isinstance(exc, TimeoutError):
+                raise httpx.PoolTimeout("no free upstream connection", request=request) from None
+            raise
 
     def _wake_waiter(self) -> None:
         while self._waiters:
@@ -389,7 +416,9 @@ class Http1Transport(httpx.AsyncBaseTransport):
                 return
 
     def _release(self, conn: _Conn, reuse: bool) -> None:
-        if reuse and not self._closing:
+        if self._closing:
+            conn.close()
+        elif reuse:
             idle = self._idle.setdefault(conn.origin, [])
             if len(idle) < self.max_keepalive:
                 conn.idle_since = asyncio.get_running_loop().time()

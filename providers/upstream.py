@@ -99,7 +99,9 @@ POOL_KEEPALIVE = 16
 def _tls() -> ssl.SSLContext:
     # Every client would otherwise build its own context and load the CA bundle into it
     # (about 1 MB each); verification is the same for all.
-    return httpx.create_ssl_context()
+    context = httpx.create_ssl_context()
+    context.set_alpn_protocols(["http/1.1"])  # as httpcore offered: HTTP/1.1 only
+    return context
 
 
 class ProviderClient:
