@@ -3,7 +3,7 @@
 Two shapes, the same in both stores:
 
 * token counters: one integer per (scope, period), `INCRBY` at request end (all of a
-  request's counters in one round trip, a Lua script), expiring after its period
+  request's counters in one round trip), expiring after its period
   (`{prefix}:budget:{scope}:tokens:{period}:{start}`);
 * window points: one hash per (scope, provider) with a field per credential window,
   `{credential}|{window}` → percentage points used and `{credential}|{window}|r` → the
@@ -24,18 +24,6 @@ from typing import Any
 SAME_WINDOW_MS = 10 * 60 * 1000
 HASH_TTL_MS = 8 * 24 * 3600 * 1000  # longer than a weekly window
 COUNTER_GRACE_MS = 3600 * 1000
-
-# KEYS = token counters; ARGV = amount and expiry (epoch ms) of each, in turn. Returns the
-# totals. One script, not a MULTI of INCRBY/PEXPIREAT: the same atomic charge for half the
-# client CPU (redis-py's transaction pipeline costs about twice a single command).
-_CHARGE = """
-local out = {}
-for i, key in ipairs(KEYS) do
-  out[i] = redis.call('INCRBY', key, ARGV[2 * i - 1])
-  redis.call('PEXPIREAT', key, ARGV[2 * i])
-end
-return out
-"""
 
 # KEYS[1] = last-seen hash of (provider, credential, window); KEYS[2..] = scope hashes.
 # ARGV = field, used, reset ms, now ms, same-window ms, hash ttl ms.
@@ -187,14 +175,10 @@ class RedisBudgetStore:
         )
         self._attribute = self.redis.register_script(_ATTRIBUTE)
         self._raise = self.redis.register_script(_RAISE)
-        self._charge = self.redis.register_script(_CHARGE)
 
     async def read(
         self, counters: Sequence[str], hashes: Sequence[str], now_ms: int
     ) -> tuple[list[int], list[dict[str, str]]]:
-        if not hashes:  # token budgets only, the usual case: one plain MGET, no pipeline
-            raw = await self.redis.mget(list(counters)) if counters else []
-            return [int(v) if v is not None else 0 for v in raw], []
         pipe = self.redis.pipeline(transaction=False)
         if counters:
             pipe.mget(list(counters))
@@ -209,14 +193,13 @@ class RedisBudgetStore:
         return values, maps
 
     async def add_many(self, items: Sequence[tuple[str, int, int]], now_ms: int) -> list[int]:
-        # One script for all of a request's token budgets (the key's and its user's).
-        if not items:
-            return []
-        args: list[int] = []
-        for _, amount, expire_at_ms in items:
-            args += [amount, expire_at_ms]
-        totals = await self._charge(keys=[name for name, _, _ in items], args=args)
-        return [int(v) for v in totals]
+        # One MULTI for all of a request's token budgets (the key's and its user's).
+        pipe = self.redis.pipeline(transaction=True)
+        for name, amount, expire_at_ms in items:
+            pipe.incrby(name, amount)
+            pipe.pexpireat(name, expire_at_ms)
+        results = await pipe.execute()
+        return [int(v) for v in results[0::2]]
 
     async def attribute(
         self,
