@@ -4,7 +4,7 @@ with an explicit in-band error (`SHUTDOWN_FAILURE`: the protocol's terminal erro
 stream, a 503 before the first byte), never as a clean end.
 
 `ProxyApp` registers each request's task here (`track`); the server glue (`ocxsite.daphne_main`,
-the uvicorn worker in `serve`) calls `drain` on SIGTERM. No Django here.
+the uvicorn worker in `serve`) calls `drain` on SIGTERM. No Django here beyond its settings.
 
 Keep-alive connections are what makes a rolling restart lose requests: a client that sends on
 an idle connection just as the old worker closes it gets "server disconnected". So a draining
@@ -22,6 +22,8 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+
+from django.conf import settings
 
 from ocxsite import metrics
 from providers.wire.commit import StreamFailure
@@ -54,8 +56,9 @@ def freeze_heap() -> bool:
     (Django, the apps, the frameworks: most of the heap) lives as long as the worker, so it is
     moved out of the cyclic collector's sight. A full collection otherwise walks all of it and
     stalls the event loop: p99 at c=1 was 46-105 ms with it, 11 ms without (bench/README.md).
-    OCX_GC_FREEZE=0 keeps the default behaviour (to measure it)."""
-    if os.environ.get("OCX_GC_FREEZE", "1") == "0":
+    `settings.OCX_GC_FREEZE` off (env OCX_GC_FREEZE=0) keeps the default behaviour (to
+    measure it)."""
+    if not settings.OCX_GC_FREEZE:
         metrics.FROZEN_OBJECTS.set(0)
         return False
     gc.collect()  # startup's garbage is freed first, not kept for the worker's life

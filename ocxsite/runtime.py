@@ -346,9 +346,9 @@ class Runtime:
         task.add_done_callback(_log_failure)
 
 
-async def _close_later(pool: ProviderClient, delay_s: float) -> None:
+async def _close_later(client: ProviderClient, delay_s: float) -> None:
     await asyncio.sleep(delay_s)
-    await pool.aclose()
+    await client.aclose()
 
 
 def _write_routing_events(events: list[dict[str, object]]) -> None:

@@ -135,6 +135,8 @@ OCX_REQUEST_LOG_RETENTION_DAYS = env_int("OCX_REQUEST_LOG_RETENTION_DAYS", 14, m
 OCX_USAGE = env_bool("OCX_USAGE", True)
 OCX_USAGE_RETENTION_DAYS = env_int("OCX_USAGE_RETENTION_DAYS", 90, minimum=1)
 OCX_LOG_JSON = env_bool("OCX_LOG_JSON", False)
+# A worker moves its startup heap out of the cyclic collector once it serves (lifecycle).
+OCX_GC_FREEZE = env_bool("OCX_GC_FREEZE", True)
 OCX_TIME_ZONE = _time_zone()
 
 INSTALLED_APPS = [

@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import cast
 
 import httptools
@@ -274,11 +275,13 @@ class Http1Transport(httpx.AsyncBaseTransport):
         max_connections: int = 64,
         max_keepalive: int = 16,
         keepalive_expiry: float = 30.0,
+        now: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ssl_context = ssl_context
         self.max_connections = max_connections
         self.max_keepalive = max_keepalive
         self.keepalive_expiry = keepalive_expiry
+        self._now = now  # keep-alive idle clock; injectable so tests need not sleep
         self._idle: dict[Origin, list[_Conn]] = {}
         self._all: set[_Conn] = set()
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -334,13 +337,12 @@ class Http1Transport(httpx.AsyncBaseTransport):
     async def _acquire(
         self, origin: Origin, timeouts: dict[str, float | None], request: httpx.Request
     ) -> _Conn:
-        loop = asyncio.get_running_loop()
         idle = self._idle.get(origin)
         while idle:
             conn = idle.pop()
             if conn.closed:
                 continue
-            if loop.time() - conn.idle_since > self.keepalive_expiry:
+            if self._now() - conn.idle_since > self.keepalive_expiry:
                 conn.close()
                 self._all.discard(conn)
                 self._wake_waiter()
@@ -421,7 +423,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
         elif reuse:
             idle = self._idle.setdefault(conn.origin, [])
             if len(idle) < self.max_keepalive:
-                conn.idle_since = asyncio.get_running_loop().time()
+                conn.idle_since = self._now()
                 idle.append(conn)
                 self._wake_waiter()
                 return

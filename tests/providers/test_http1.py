@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -84,11 +85,39 @@ def reset(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
-def client(**kw: object) -> httpx.AsyncClient:
+class Clock:
+    """The transport's keep-alive clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def client(**kw: Any) -> httpx.AsyncClient:
     return httpx.AsyncClient(
-        transport=Http1Transport(ssl_context=None, **kw),  # type: ignore[arg-type]
-        timeout=httpx.Timeout(1.0, read=None, pool=0.05),
+        transport=Http1Transport(ssl_context=None, **kw),
+        timeout=httpx.Timeout(1.0, read=None),
     )
+
+
+def pool(c: httpx.AsyncClient) -> Http1Transport:
+    return cast(Http1Transport, c._transport)
+
+
+async def settle() -> None:
+    """Let every ready task run on to its next wait (no clock, no I/O needed)."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def until(done: Callable[[], bool]) -> None:
+    """Spin the loop until `done()`: what a peer's socket does has no clock to inject, so this
+    returns as soon as the kernel delivered it; the timeout only bounds a failure."""
+    async with asyncio.timeout(5):
+        while not done():
+            await asyncio.sleep(0)
 
 
 async def post(c: httpx.AsyncClient, url: str, body: bytes = b'{"a":1}') -> httpx.Response:
@@ -122,7 +151,7 @@ async def test_a_whole_answer_leaves_its_connection_for_the_next_request() -> No
         async with client() as c:
             for _ in range(3):
                 assert await read(await post(c, srv.url)) == b'{"ok":true}'
-            assert c._transport.connections() == 1  # type: ignore[attr-defined]
+            assert pool(c).connections() == 1
     assert srv.connections == 1 and len(srv.requests) == 3
 
 
@@ -162,7 +191,7 @@ async def test_body_without_length_ends_with_the_connection() -> None:
     async with Server(answer) as srv:
         async with client() as c:
             assert await read(await post(c, srv.url)) == b"part one, part two"
-            assert c._transport.connections() == 0  # type: ignore[attr-defined]
+            assert pool(c).connections() == 0
 
 
 async def test_disconnect_before_the_answer_is_a_protocol_error() -> None:
@@ -173,7 +202,7 @@ async def test_disconnect_before_the_answer_is_a_protocol_error() -> None:
         async with client() as c:
             with pytest.raises(httpx.RemoteProtocolError, match="without sending a response"):
                 await post(c, srv.url)
-            assert c._transport.connections() == 0  # type: ignore[attr-defined]
+            assert pool(c).connections() == 0
 
 
 async def test_disconnect_inside_a_sized_body_is_a_protocol_error() -> None:
@@ -191,10 +220,12 @@ async def test_disconnect_inside_a_sized_body_is_a_protocol_error() -> None:
 
 
 async def test_reset_inside_a_stream_is_a_read_error() -> None:
+    seen = asyncio.Event()
+
     async def answer(writer: asyncio.StreamWriter, n: int) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
         await writer.drain()
-        await asyncio.sleep(0.02)
+        await seen.wait()  # reset only once the client has the first chunk
         reset(writer)
 
     async with Server(answer) as srv:
@@ -204,9 +235,10 @@ async def test_reset_inside_a_stream_is_a_read_error() -> None:
             with pytest.raises(httpx.ReadError):
                 async for chunk in resp.aiter_raw():
                     got.append(chunk)
+                    seen.set()
             assert got == [b"hello"]
             await resp.aclose()
-            assert c._transport.connections() == 0  # type: ignore[attr-defined]
+            assert pool(c).connections() == 0
 
 
 async def test_bytes_that_are_not_http_are_a_protocol_error() -> None:
@@ -228,18 +260,21 @@ async def test_refused_connection_is_a_connect_error() -> None:
     async with client() as c:
         with pytest.raises(httpx.ConnectError):
             await post(c, f"http://127.0.0.1:{port}/v1/x")
-        assert c._transport.connections() == 0  # type: ignore[attr-defined]
+        assert pool(c).connections() == 0
 
 
 async def test_full_pool_waits_then_times_out_and_frees_on_close() -> None:
     async with Server(ok()) as srv:
         async with client(max_connections=1) as c:
             held = await post(c, srv.url)
+            # Nothing frees `held`, so this request can only wait out its pool timeout: 0 s
+            # ends that wait on the loop's next pass, with no timer to sit through.
+            no_wait = httpx.Timeout(1.0, read=None, pool=0)
             with pytest.raises(httpx.PoolTimeout):
-                await post(c, srv.url)
+                await c.send(c.build_request("POST", srv.url, content=b"{}", timeout=no_wait))
             waiting = asyncio.ensure_future(post(c, srv.url))
-            await asyncio.sleep(0.01)
-            assert not waiting.done()
+            await settle()
+            assert not waiting.done() and len(pool(c)._waiters) == 1
             assert await read(held) == b'{"ok":true}'
             assert await read(await waiting) == b'{"ok":true}'
     assert srv.connections == 1
@@ -250,7 +285,7 @@ async def test_full_pool_closes_an_idle_connection_of_another_origin() -> None:
         async with client(max_connections=1) as c:
             assert await read(await post(c, one.url)) == b'{"ok":true}'
             assert await read(await post(c, two.url)) == b'{"ok":true}'
-            assert c._transport.connections() == 1  # type: ignore[attr-defined]
+            assert pool(c).connections() == 1
 
 
 async def test_answer_closed_before_its_end_closes_the_connection() -> None:
@@ -264,22 +299,28 @@ async def test_answer_closed_before_its_end_closes_the_connection() -> None:
         async with client() as c:
             resp = await post(c, srv.url)
             await resp.aclose()  # the client went away mid-stream
-            assert c._transport.connections() == 0  # type: ignore[attr-defined]
+            assert pool(c).connections() == 0
             assert await read(await post(c, srv.url)) == b"hello"
     assert srv.connections == 2
 
 
 async def test_cancelled_wait_for_the_answer_closes_the_connection() -> None:
+    asked = asyncio.Event()
+
     async def answer(writer: asyncio.StreamWriter, n: int) -> None:
-        if n > 0:
+        if n == 0:
+            asked.set()  # and never answers
+        else:
             await ok()(writer, n)
 
     async with Server(answer) as srv:
         async with client() as c:
-            with pytest.raises(TimeoutError):
-                async with asyncio.timeout(0.05):
-                    await post(c, srv.url)
-            assert c._transport.connections() == 0  # type: ignore[attr-defined]
+            pending = asyncio.ensure_future(post(c, srv.url))
+            await asked.wait()  # the request is sent: the client now waits for the answer
+            pending.cancel()  # as a caller's read timeout does
+            with pytest.raises(asyncio.CancelledError):
+                await pending
+            assert pool(c).connections() == 0
             assert await read(await post(c, srv.url)) == b'{"ok":true}'
     assert srv.connections == 2
 
@@ -293,22 +334,26 @@ async def test_idle_connection_closed_by_the_upstream_leaves_the_pool() -> None:
     async with Server(answer) as srv:
         async with client() as c:
             assert await read(await post(c, srv.url)) == b'{"ok":true}'
-            for _ in range(100):
-                if c._transport.connections() == 0:  # type: ignore[attr-defined]
-                    break
-                await asyncio.sleep(0.005)
-            assert c._transport.connections() == 0  # type: ignore[attr-defined]
+            # Gone before the next request looks at it: the upstream's FIN alone removes it.
+            await until(lambda: pool(c).connections() == 0)
             assert await read(await post(c, srv.url)) == b'{"ok":true}'
     assert srv.connections == 2
 
 
 async def test_expired_keepalive_connection_is_not_reused() -> None:
+    clock = Clock()
     async with Server(ok()) as srv:
-        async with client(keepalive_expiry=0.0) as c:
+        async with client(keepalive_expiry=30.0, now=clock) as c:
             assert await read(await post(c, srv.url)) == b'{"ok":true}'
-            await asyncio.sleep(0.01)
+            clock.t += 30.0  # idle for exactly the expiry: still reused
             assert await read(await post(c, srv.url)) == b'{"ok":true}'
-    assert srv.connections == 2
+            clock.t += 20.0  # idle counts from the last answer, not the first
+            assert await read(await post(c, srv.url)) == b'{"ok":true}'
+            assert srv.connections == 1
+            clock.t += 30.5
+            assert await read(await post(c, srv.url)) == b'{"ok":true}'
+            assert pool(c).connections() == 1  # the expired one was closed, not kept
+    assert srv.connections == 2 and len(srv.requests) == 4
 
 
 async def test_interim_answer_is_skipped() -> None:
@@ -347,7 +392,9 @@ async def test_large_body_is_paused_and_resumed_without_loss() -> None:
     async with Server(ok(blob)) as srv:
         async with client() as c:
             resp = await post(c, srv.url)
-            await asyncio.sleep(0.05)  # let it pile up unread
+            (conn,) = pool(c)._all
+            # Unread, it piles up until the socket is no longer read.
+            await until(lambda: conn.transport is not None and not conn.transport.is_reading())
             assert await read(resp) == blob
             assert await read(await post(c, srv.url)) == blob
     assert srv.connections == 1
@@ -444,7 +491,7 @@ async def test_endless_head_is_refused() -> None:
         async with client() as c:
             with pytest.raises(httpx.RemoteProtocolError, match="too large"):
                 await post(c, srv.url)
-            assert c._transport.connections() == 0  # type: ignore[attr-defined]
+            assert pool(c).connections() == 0
 
 
 def _tls_pair(tmp: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
@@ -467,7 +514,8 @@ def test_leaving_a_tls_stream_stops_it_at_the_upstream_at_once(tmp_path: Path, l
     server_tls, client_tls = _tls_pair(tmp_path)
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    stopped: list[float] = []
+    stopped_at: list[float] = []
+    stopped = threading.Event()
 
     def upstream() -> None:
         raw, _ = listener.accept()
@@ -481,7 +529,8 @@ def test_leaving_a_tls_stream_stops_it_at_the_upstream_at_once(tmp_path: Path, l
                     conn.sendall(b"6\r\ndelta\n\r\n")
                     time.sleep(0.005)
             except OSError:
-                stopped.append(time.monotonic())
+                stopped_at.append(time.monotonic())
+                stopped.set()
 
     thread = threading.Thread(target=upstream, daemon=True)
     thread.start()
@@ -495,27 +544,26 @@ def test_leaving_a_tls_stream_stops_it_at_the_upstream_at_once(tmp_path: Path, l
             await resp.aclose()
             left = time.monotonic()
             assert transport.connections() == 0
-            for _ in range(300):  # the loop keeps running (a closing loop would cut it anyway)
-                if stopped:
-                    break
-                await asyncio.sleep(0.01)
+            # Waits for the upstream's thread to see the abort, this loop still running (a
+            # closing loop would cut the connection anyway and hide a slow close).
+            await asyncio.to_thread(stopped.wait, 3.0)
             return left
 
     with asyncio.Runner(loop_factory=factory) as runner:
         left = runner.run(leave())
     thread.join(15)
     listener.close()
-    assert stopped and stopped[0] - left < 1.0
+    assert stopped_at and stopped_at[0] - left < 1.0
 
 
 async def test_a_woken_waiter_that_leaves_passes_the_room_on() -> None:
     async with Server(ok()) as srv:
         async with client(max_connections=1) as c:
-            c._timeout = httpx.Timeout(1.0, read=None, pool=2.0)  # type: ignore[attr-defined]
             held = await post(c, srv.url)
             second = asyncio.ensure_future(post(c, srv.url))
             third = asyncio.ensure_future(post(c, srv.url))
-            await asyncio.sleep(0.01)
+            await settle()
+            assert len(pool(c)._waiters) == 2  # both wait for room, `second` first
             await read(held)  # wakes `second`...
             second.cancel()  # ...which leaves before it runs
             assert await read(await asyncio.wait_for(third, 1)) == b'{"ok":true}'
@@ -524,18 +572,24 @@ async def test_a_woken_waiter_that_leaves_passes_the_room_on() -> None:
     assert srv.connections == 1
 
 
-async def test_a_header_with_a_line_break_is_refused_unsent() -> None:
+@pytest.mark.parametrize(
+    "header",
+    [
+        (b"x-key", b"sk-pasted\nGET /other HTTP/1.1"),
+        (b"x-key", b"sk-pasted\r\nx-injected: 1"),
+        (b"x-key", b"sk-pasted\rx"),
+        (b"x-key", b"sk-pasted\0"),
+        (b"x-key\r\nx-injected", b"sk-pasted"),
+    ],
+)
+async def test_a_header_with_a_line_break_is_refused_unsent(header: tuple[bytes, bytes]) -> None:
+    # httpx passes header bytes through as given (it checks nothing; h11 did, in httpcore).
     async with Server(ok()) as srv:
         async with client() as c:
-            bad = c.build_request("POST", srv.url, content=b"{}")
-            bad.headers["authorization"] = "Bearer sk-abc"
-            bad.headers.raw  # noqa: B018 - httpx validates on set; bypass it below
-            bad.headers._list = [  # type: ignore[attr-defined]
-                *bad.headers._list,  # type: ignore[attr-defined]
-                (b"x-key", b"x-key", b"sk-pasted\nGET /other HTTP/1.1"),
-            ]
-            with pytest.raises(httpx.LocalProtocolError):
+            bad = c.build_request("POST", srv.url, content=b"{}", headers=[header])
+            with pytest.raises(httpx.LocalProtocolError, match="CR, LF or NUL"):
                 await c.send(bad, stream=True)
+            assert pool(c).connections() == 0  # refused before a connection was taken
             assert await read(await post(c, srv.url)) == b'{"ok":true}'
     assert len(srv.requests) == 1 and b"sk-pasted" not in srv.requests[0]
 
@@ -572,4 +626,4 @@ async def test_an_upgrade_answer_is_a_protocol_error() -> None:
         async with client() as c:
             with pytest.raises(httpx.RemoteProtocolError):
                 await post(c, srv.url)
-            assert c._transport.connections() == 0  # type: ignore[attr-defined]
+            assert pool(c).connections() == 0
