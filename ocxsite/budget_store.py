@@ -17,7 +17,6 @@ reads all of one request's counters in one round trip (`read`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 # Two resets closer than this are the same window (a reset given as "seconds from now"
 # jitters); a window lasts at least an hour, so the next one is always further away.
@@ -168,37 +167,35 @@ class RedisBudgetStore:
     """Counters shared by every worker through Redis: exact across workers."""
 
     def __init__(self, url: str, *, socket_timeout: float = 2.0) -> None:
-        import redis.asyncio as aioredis
+        from quota.resp import RespClient
 
-        self.redis: Any = aioredis.Redis.from_url(
-            url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
-        )
-        self._attribute = self.redis.register_script(_ATTRIBUTE)
-        self._raise = self.redis.register_script(_RAISE)
+        self.redis = RespClient(url, timeout_s=socket_timeout)
+        self._attribute = self.redis.script(_ATTRIBUTE)
+        self._raise = self.redis.script(_RAISE)
 
     async def read(
         self, counters: Sequence[str], hashes: Sequence[str], now_ms: int
     ) -> tuple[list[int], list[dict[str, str]]]:
-        pipe = self.redis.pipeline(transaction=False)
-        if counters:
-            pipe.mget(list(counters))
-        for name in hashes:
-            pipe.hgetall(name)
-        results = await pipe.execute()
+        commands: list[list[str]] = [["MGET", *counters]] if counters else []
+        commands += [["HGETALL", name] for name in hashes]
+        if not commands:
+            return [], []
+        results = await self.redis.pipeline(commands)
         values = [int(v) if v is not None else 0 for v in results[0]] if counters else []
         maps = [
-            {k.decode(): v.decode() for k, v in raw.items()}
+            {k.decode(): v.decode() for k, v in zip(raw[0::2], raw[1::2], strict=True)}
             for raw in results[1 if counters else 0 :]
         ]
         return values, maps
 
     async def add_many(self, items: Sequence[tuple[str, int, int]], now_ms: int) -> list[int]:
         # One MULTI for all of a request's token budgets (the key's and its user's).
-        pipe = self.redis.pipeline(transaction=True)
+        commands: list[tuple[str, str, int]] = []
         for name, amount, expire_at_ms in items:
-            pipe.incrby(name, amount)
-            pipe.pexpireat(name, expire_at_ms)
-        results = await pipe.execute()
+            commands += [("INCRBY", name, amount), ("PEXPIREAT", name, expire_at_ms)]
+        if not commands:
+            return []
+        results = await self.redis.transaction(commands)
         return [int(v) for v in results[0::2]]
 
     async def attribute(

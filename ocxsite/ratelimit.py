@@ -6,8 +6,6 @@ that expires with its minute).
 
 from __future__ import annotations
 
-from typing import Any
-
 
 class MemoryLimiter:
     def __init__(self) -> None:
@@ -25,17 +23,14 @@ class MemoryLimiter:
 
 class RedisLimiter:
     def __init__(self, url: str, prefix: str) -> None:
-        import redis.asyncio as aioredis
+        from quota.resp import RespClient
 
-        self._redis: Any = aioredis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        self._redis = RespClient(url, timeout_s=2.0)
         self.prefix = prefix
 
     async def hit(self, key_id: int, limit: int, now_ms: int) -> int | None:
         name = f"{self.prefix}:rpm:{key_id}:{now_ms // 60_000}"
-        pipe = self._redis.pipeline()
-        pipe.incr(name)
-        pipe.pexpire(name, 61_000)
-        count, _ = await pipe.execute()
+        count, _ = await self._redis.transaction([("INCR", name), ("PEXPIRE", name, 61_000)])
         return None if int(count) <= limit else _left(now_ms)
 
 

@@ -8,7 +8,6 @@ lanes and 64 KiB of names in all (oldest evicted first), names over 1 KiB never 
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from combos.engine.recall import (
     MAX_LANES,
@@ -63,10 +62,10 @@ return 1
 
 class RedisRecall:
     def __init__(self, url: str, prefix: str) -> None:
-        import redis.asyncio as aioredis
+        from quota.resp import RespClient
 
-        self._redis: Any = aioredis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
-        self._script = self._redis.register_script(_REMEMBER)
+        self._redis = RespClient(url, timeout_s=2.0)
+        self._script = self._redis.script(_REMEMBER)
         self.prefix = f"{prefix}:recall:"
 
     async def remember(

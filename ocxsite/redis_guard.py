@@ -27,13 +27,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import redis
-import redis.asyncio as aioredis
 
 from combos.engine.state import ComboState, MemoryStateStore, merge
 from ocxsite.ratelimit import MemoryLimiter, RedisLimiter
 from ocxsite.recall_store import MemoryRecall, RedisRecall
 from ocxsite.redis_state import RedisStateStore
 from quota.redis_store import RedisJsonStore
+from quota.resp import RespClient
 from quota.tracker import MemoryJsonStore, Update, merge_records
 
 log = logging.getLogger("ocx.redis")
@@ -78,9 +78,7 @@ class RedisBreaker:
         self.last_resync: dict[str, object] = {}
         self._resyncs: list[Callable[[], Awaitable[int]]] = []
         self._pending: list[Callable[[], bool]] = []
-        self._client = aioredis.Redis.from_url(
-            url, socket_timeout=max(timeout_s, 1.0), socket_connect_timeout=max(timeout_s, 1.0)
-        )
+        self._client = RespClient(url, timeout_s=max(timeout_s, 1.0))
         self._probe: asyncio.Task[None] | None = None
         self._timeouts: list[float] = []
 

@@ -9,8 +9,7 @@ import random
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import redis.asyncio as aioredis
-
+from quota.resp import RespClient
 from quota.tracker import Update
 
 T = TypeVar("T")
@@ -47,13 +46,8 @@ class RedisCas:
     between workers."""
 
     def __init__(self, url: str, *, socket_timeout: float = 5.0) -> None:
-        self.redis = aioredis.Redis.from_url(
-            url,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=socket_timeout,
-            health_check_interval=30,
-        )
-        self._cas = self.redis.register_script(_CAS)
+        self.redis = RespClient(url, timeout_s=socket_timeout)
+        self._cas = self.redis.script(_CAS)
         self._locks: dict[str, asyncio.Lock] = {}
         self._seen: dict[str, bytes | None] = {}
 

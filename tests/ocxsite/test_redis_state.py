@@ -234,13 +234,13 @@ def test_an_uncontended_update_is_one_round_trip_and_a_stale_guess_is_corrected(
         mine = RedisStateStore(REDIS_URL or "", prefix)
         other = RedisStateStore(REDIS_URL or "", prefix)
         sent: list[str] = []
-        real = mine._redis.execute_command
+        real = mine._redis.execute
 
         async def counted(*args: Any, **kwargs: Any) -> Any:
             sent.append(str(args[0]))
             return await real(*args, **kwargs)
 
-        mine._redis.execute_command = counted  # type: ignore[method-assign]
+        mine._redis.execute = counted  # type: ignore[method-assign]
 
         def bump(s: ComboState) -> tuple[ComboState, int]:
             new = note_success(s, AB, A)
