@@ -13,8 +13,9 @@ them): `confignotify`, `doctor` and the admin keep redis-py.
 
 Semantics an operator can rely on:
 
-* the URL is read by redis-py's own parser: `redis://`, `rediss://` (TLS, `ssl_cert_reqs`,
-  `ssl_ca_certs`, `ssl_check_hostname`) and `unix://`, with user, password and `db`;
+* the URL is read by redis-py's own parser, and TLS set up by redis-py's own context builder:
+  `redis://`, `rediss://` (every `ssl_*` option: CA, client certificate, checks, versions)
+  and `unix://`, with user, password and `db`;
 * a command is sent at most once: if the connection breaks after sending, the callers waiting
   on it get `ConnectionError` (a budget `INCRBY` may be lost, never counted twice); the next
   call connects again;
@@ -32,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import socket
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -52,7 +54,6 @@ _ERRORS: dict[str, type[rexc.RedisError]] = {
     "LOADING": rexc.BusyLoadingError,
     "OOM": rexc.OutOfMemoryError,
 }
-_CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 
 
 class _Incomplete(Exception):
@@ -101,6 +102,9 @@ def _read(buf: bytearray, pos: int) -> tuple[Any, int]:
 def _pack(commands: Sequence[Command]) -> bytes:
     parts: list[bytes] = []
     for args in commands:
+        if not args:
+            # Redis answers nothing to an empty command: the replies would fall out of step.
+            raise rexc.DataError("cannot send an empty command to Redis")
         parts.append(b"*%d\r\n" % len(args))
         for arg in args:
             if isinstance(arg, bytes):
@@ -137,14 +141,15 @@ class _Connection(asyncio.Protocol):
     def __init__(self, loop: asyncio.AbstractEventLoop, timeout_s: float) -> None:
         self.loop = loop
         self.timeout_s = timeout_s
-        self.transport: asyncio.Transport | None = None
+        # Not `asyncio.Transport`: uvloop's transports (`ocx serve --server uvicorn`) are not
+        # its subclasses.
+        self.transport: Any = None
         self.failed: BaseException | None = None
         self._buf = bytearray()
         self._waiters: deque[_Waiter] = deque()
         self._watchdog: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
         self.transport = transport
 
     def send(self, payload: bytes, count: int) -> asyncio.Future[list[Any]]:
@@ -181,7 +186,16 @@ class _Connection(asyncio.Protocol):
             return
         del buf[:pos]
         if buf and not waiters:
-            self._fail(rexc.InvalidResponse("protocol error: a reply nobody asked for"))
+            # Redis says why it drops a connection it just accepted (max clients reached) as
+            # an error reply before anything was asked.
+            try:
+                reply, _ = _read(buf, 0)
+            except (_Incomplete, ValueError, rexc.InvalidResponse):
+                reply = None
+            if isinstance(reply, rexc.RedisError):
+                self._fail(rexc.ConnectionError(str(reply)))
+            else:
+                self._fail(rexc.InvalidResponse("protocol error: a reply nobody asked for"))
 
     def _check(self) -> None:
         self._watchdog = None
@@ -276,12 +290,18 @@ class RespClient:
 
     async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
         """Several commands in one round trip (not atomic); raises the first error reply."""
+        if not commands:
+            return []
         replies = await self._send(_pack(commands), len(commands))
         _first_error(replies)
         return replies
 
     async def transaction(self, commands: Sequence[Command]) -> list[Any]:
-        """`MULTI` … `EXEC` in one round trip: all of the commands or none; their replies."""
+        """`MULTI` … `EXEC` in one round trip: their replies. A command Redis refuses when queued
+        (unknown, wrong arity) runs none of them; one that fails while running (wrong type)
+        raises here, but the others ran, as Redis transactions do."""
+        if not commands:
+            return []
         replies = await self._send(_pack((("MULTI",), *commands, ("EXEC",))), len(commands) + 2)
         _first_error(replies)  # a refused command aborts the EXEC (EXECABORT)
         result = replies[-1]
@@ -317,14 +337,18 @@ class RespClient:
     async def aclose(self) -> None:
         task, self._connecting = self._connecting, None
         if task is not None and not task.done():
-            task.cancel()
+            # Not cancelled: other callers may be waiting on it; its connection is closed when
+            # it is made.
+            task.add_done_callback(_close_made)
         conn, self._conn = self._conn, None
         if conn is not None:
-            conn.close()
+            _close(conn)
 
     async def _send(self, payload: bytes, count: int) -> list[Any]:
         conn = self._conn
         if conn is None or conn.failed is not None or conn.loop is not asyncio.get_running_loop():
+            if conn is not None and conn.failed is None:
+                _close(conn)  # made on another event loop
             conn = await self._connection()
         return await conn.send(payload, count)
 
@@ -333,6 +357,9 @@ class RespClient:
         task = self._connecting
         if task is None or task.done() or task.get_loop() is not loop:
             task = self._connecting = loop.create_task(self._connect(loop))
+            # Read its failure even when every caller gave up waiting (else asyncio logs
+            # "exception was never retrieved" on each probe of a Redis that hangs).
+            task.add_done_callback(_retrieve)
         # Concurrent first callers share one connect; one of them being cancelled must not
         # cancel it for the others.
         return await asyncio.shield(task)
@@ -351,14 +378,10 @@ class RespClient:
                         ssl=self._ssl,
                         server_hostname=self._host if self._ssl is not None else None,
                     )
-                hello: list[Command] = []
                 if self._password is not None:
-                    user = () if self._username is None else (self._username,)
-                    hello.append(("AUTH", *user, self._password))
+                    await self._auth(conn)
                 if self._db:
-                    hello.append(("SELECT", self._db))
-                if hello:
-                    _first_error(await conn.send(_pack(hello), len(hello)))
+                    _first_error(await conn.send(_pack((("SELECT", self._db),)), 1))
         except TimeoutError:
             conn.close()
             raise rexc.TimeoutError("Timeout connecting to server") from None
@@ -367,8 +390,11 @@ class RespClient:
             raise rexc.ConnectionError(f"TLS handshake failed: {exc.reason}") from None
         except OSError as exc:
             conn.close()
-            # asyncio's message names the address; os.strerror does not.
-            reason = os.strerror(exc.errno) if exc.errno else type(exc).__name__
+            # asyncio's message names the address; os.strerror (or a resolver's) does not.
+            if isinstance(exc, socket.gaierror):
+                reason = str(exc.strerror)
+            else:
+                reason = os.strerror(exc.errno) if exc.errno else type(exc).__name__
             raise rexc.ConnectionError(f"Error {exc.errno} connecting: {reason}") from None
         except BaseException:
             conn.close()
@@ -376,14 +402,44 @@ class RespClient:
         self._conn = conn
         return conn
 
+    async def _auth(self, conn: _Connection) -> None:
+        assert self._password is not None
+        if self._username is None:
+            _first_error(await conn.send(_pack((("AUTH", self._password),)), 1))
+            return
+        (reply,) = await conn.send(_pack((("AUTH", self._username, self._password),)), 1)
+        if isinstance(reply, rexc.ResponseError) and "wrong number of arguments" in str(reply):
+            # Redis before 6 has no users: the password alone, as redis-py falls back to.
+            (reply,) = await conn.send(_pack((("AUTH", self._password),)), 1)
+        _first_error([reply])
+
 
 def _ssl_context(opts: dict[str, Any]) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=opts.get("ssl_ca_certs"))
-    reqs = opts.get("ssl_cert_reqs", "required")
-    mode = _CERT_REQS.get(str(reqs).lower(), ssl.CERT_REQUIRED) if isinstance(reqs, str) else reqs
-    check = opts.get("ssl_check_hostname")
-    context.check_hostname = mode != ssl.CERT_NONE and (
-        check is None or str(check).lower() not in ("false", "0", "no")
-    )
-    context.verify_mode = mode
-    return context
+    # redis-py's own builder, so every `ssl_*` URL option means what it meant with redis-py.
+    opts = {k: v for k, v in opts.items() if k != "connection_class"}
+    return SSLConnection(**opts).ssl_context.get()
+
+
+def _close(conn: _Connection) -> None:
+    """Close a connection, from whichever thread: its loop may be another thread's."""
+    if conn.loop.is_closed():
+        conn.close()  # only marks it failed: its socket goes with the transport
+        return
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is conn.loop:
+        conn.close()
+    else:
+        conn.loop.call_soon_threadsafe(conn.close)
+
+
+def _retrieve(task: asyncio.Task[_Connection]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _close_made(task: asyncio.Task[_Connection]) -> None:
+    if not task.cancelled() and task.exception() is None:
+        _close(task.result())

@@ -4,6 +4,7 @@ Redis never sends, a scripted server on a real socket)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import shutil
 import socket
 import ssl
@@ -353,3 +354,125 @@ def test_ssl_options_follow_the_url() -> None:
     loose = RespClient("rediss://h:1/0?ssl_cert_reqs=none")._ssl
     assert loose is not None and loose.verify_mode == ssl.CERT_NONE and not loose.check_hostname
     assert RespClient("redis://h:1/0")._ssl is None
+
+
+def test_works_on_uvloop(server: RedisServer) -> None:
+    # `ocx serve --server uvicorn` runs on uvloop, whose transports do not subclass asyncio's.
+    uvloop = pytest.importorskip("uvloop")
+
+    async def body() -> None:
+        client = RespClient(server.url)
+        try:
+            assert await client.transaction([("INCRBY", "u", 2), ("PEXPIRE", "u", 1000)]) == [2, 1]
+            assert await client.get("u") == b"2"
+        finally:
+            await client.aclose()
+
+    uvloop.run(body())
+
+
+async def test_an_empty_command_is_refused_unsent(server: RedisServer) -> None:
+    client = RespClient(server.url)
+    try:
+        assert await client.pipeline([]) == []
+        assert await client.transaction([]) == []
+        with pytest.raises(rexc.DataError):
+            await client.pipeline([("SET", "a", "1"), ()])
+        assert await client.get("a") is None  # nothing of it was sent
+    finally:
+        await client.aclose()
+
+
+async def test_mutual_tls_with_a_client_certificate(tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)  # its own CA: it also signs the client's certificate
+    port = free_port()
+    tls = ["--tls-port", str(port), "--tls-cert-file", str(cert), "--tls-key-file", str(key)]
+    proc = _spawn(
+        ["--port", "0", "--bind", "127.0.0.1", *tls, "--tls-ca-cert-file", str(cert)],
+        lambda: _listening(port),
+    )
+    base = f"rediss://localhost:{port}/0?ssl_ca_certs={cert}"
+    try:
+        client = RespClient(f"{base}&ssl_certfile={cert}&ssl_keyfile={key}")
+        assert await client.ping() is True
+        await client.aclose()
+        with pytest.raises(rexc.ConnectionError):
+            await RespClient(base).ping()  # no client certificate: refused
+    finally:
+        _stop(proc)
+
+
+async def test_a_refusal_sent_on_connect_is_a_connection_error_with_its_reason() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"-ERR max number of clients reached\r\n")
+        await writer.drain()
+        writer.close()
+
+    srv = await asyncio.start_server(serve, "127.0.0.1", 0)
+    client = RespClient(f"redis://127.0.0.1:{srv.sockets[0].getsockname()[1]}/0")
+    try:
+        with pytest.raises(rexc.ConnectionError, match="max number of clients"):
+            await client.ping()
+    finally:
+        await client.aclose()
+        srv.close()
+
+
+async def test_a_user_and_password_fall_back_to_the_password_on_redis_5() -> None:
+    seen: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(1000):
+            seen.append(data)
+            if data.startswith(b"*3\r\n$4\r\nAUTH"):
+                writer.write(b"-ERR wrong number of arguments for 'auth' command\r\n")
+            else:
+                writer.write(b"+OK\r\n" if b"AUTH" in data else b"+PONG\r\n")
+            await writer.drain()
+
+    srv = await asyncio.start_server(serve, "127.0.0.1", 0)
+    client = RespClient(f"redis://default:pw@127.0.0.1:{srv.sockets[0].getsockname()[1]}/0")
+    try:
+        assert await client.ping() is True
+        assert seen[:2] == [
+            b"*3\r\n$4\r\nAUTH\r\n$7\r\ndefault\r\n$2\r\npw\r\n",
+            b"*2\r\n$4\r\nAUTH\r\n$2\r\npw\r\n",
+        ]
+    finally:
+        await client.aclose()
+        srv.close()
+
+
+async def test_a_connect_nobody_waits_for_any_more_fails_quietly() -> None:
+    """The hot path gives up after 50 ms; the connect it started must not log "exception was
+    never retrieved" when it fails later (a Redis that hangs at AUTH)."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # accepts, never answers
+
+    srv = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    client = RespClient(f"redis://:pw@127.0.0.1:{port}/0", timeout_s=0.1)
+    try:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.02):
+                await client.ping()
+        task = client._connecting
+        assert task is not None
+        await asyncio.wait([task])  # done, its exception left unread by this test
+        assert task.done() and not task.cancelled()
+        del task
+        client._connecting = None
+        gc.collect()
+        await asyncio.sleep(0)
+        assert reported == []
+    finally:
+        loop.set_exception_handler(None)
+        await client.aclose()
+        for writer in held:
+            writer.close()
+        srv.close()
