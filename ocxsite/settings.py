@@ -140,7 +140,6 @@ OCX_GC_FREEZE = env_bool("OCX_GC_FREEZE", True)
 OCX_TIME_ZONE = _time_zone()
 
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
