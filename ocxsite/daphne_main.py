@@ -8,7 +8,8 @@ dropped by Daphne.
 
 Twisted also parses the Content-Type of every POST with the `email` package, to decode form
 submissions into `request.args`; Daphne hands the raw body to the ASGI app and never reads
-`args`, so that parsing (a few per cent of a request's CPU) is switched off.
+`args`, so that parsing (a few per cent of a request's CPU) is switched off, and so is the
+access-log line Twisted formats for a log Daphne discards.
 """
 
 from __future__ import annotations
@@ -72,9 +73,16 @@ def _init_without_form_parsing(self: Any, *args: Any, **kwargs: Any) -> None:
     self._parsePOSTFormSubmission = False
 
 
+def _no_twisted_access_log(self: Any, request: Any) -> None:
+    """Twisted formats a Common Log Format line for every request and hands it to its own log,
+    which Daphne discards (2 % of a worker's CPU at c=16). Daphne's access log (`-v 1`,
+    `--access-log`) is written by Daphne itself and stays."""
+
+
 def install() -> None:
     http_protocol.WebRequest.process = _process_with_codex_headers  # type: ignore[method-assign]
     http_protocol.WebRequest.__init__ = _init_without_form_parsing  # type: ignore[method-assign]
+    http_protocol.HTTPFactory.log = _no_twisted_access_log  # type: ignore[method-assign]
 
 
 _ports: list[Any] = []

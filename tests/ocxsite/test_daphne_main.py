@@ -65,3 +65,24 @@ def test_a_uvicorn_worker_does_not_load_twisted() -> None:
         "print(json.dumps({m: m in sys.modules for m in ('twisted', 'daphne', 'OpenSSL')}))"
     )
     assert got == {"twisted": False, "daphne": False, "OpenSSL": False}
+
+
+def test_twisted_formats_no_access_log_line() -> None:
+    import io
+
+    from daphne import http_protocol
+
+    from ocxsite import daphne_main
+
+    daphne_main.install()
+    factory = http_protocol.HTTPFactory(server=None)
+    factory._logFile = written = io.StringIO()  # where Twisted would write the line
+    channel = http.HTTPChannel()
+    channel.transport = StringTransport()
+    request = http.Request(channel)
+    request.method, request.uri, request.clientproto = b"POST", b"/v1/responses", b"HTTP/1.1"
+    factory.log(request)
+    assert written.getvalue() == ""
+    # Without the change Twisted writes one Common Log Format line per request.
+    http.HTTPFactory.log(factory, request)
+    assert written.getvalue().count("\n") == 1
