@@ -42,8 +42,9 @@ class RedisCas:
     key — a guess, never trusted: the compare-and-set checks it, and on a mismatch hands back
     the real value to retry with. So an update is one round trip when no other worker wrote
     in between, and a decision is always made on the value the write was checked against.
-    Within one process, updates of the same key wait for each other, so retries only happen
-    between workers."""
+    Within one process, updates of the same key that write wait for each other, so their
+    retries only happen between workers; a step that writes nothing is only a check and does
+    not wait."""
 
     def __init__(self, url: str, *, socket_timeout: float = 5.0) -> None:
         self.redis = RespClient(url, timeout_s=socket_timeout)
@@ -67,6 +68,23 @@ class RedisCas:
             self._locks = {k: v for k, v in self._locks.items() if v.locked()}
             self._seen = {k: v for k, v in self._seen.items() if k in self._locks}
         lock = self._locks.setdefault(key, asyncio.Lock())
+        raw = self._seen.get(key, _UNSEEN)
+        if raw is not _UNSEEN and not lock.locked():
+            # A step that writes nothing (a healthy pick: no rotation, no probe, no cooldown)
+            # only checks that the key still holds the value it was decided on. Checks cannot
+            # conflict with each other, so they need not queue behind this worker's other
+            # updates of the key (at c=16 that queue capped a worker's throughput at one
+            # round trip per request). A check that finds another value goes the locked way.
+            assert raw is None or isinstance(raw, bytes)
+            new, result = fn(raw)
+            expected = b"" if raw is None else raw
+            if (new or "").encode() == expected:
+                reply = await self._cas(keys=[key], args=[expected, expected, ttl_ms])
+                if reply[0] == 1:
+                    return result
+                held = reply[1]
+                # Replies come in the order Redis ran the scripts: this is the latest value.
+                self._seen[key] = (held.encode() if isinstance(held, str) else held) or None
         async with lock:
             raw = self._seen.get(key, _UNSEEN)
             if raw is _UNSEEN:

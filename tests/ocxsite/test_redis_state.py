@@ -260,3 +260,82 @@ def test_an_uncontended_update_is_one_round_trip_and_a_stale_guess_is_corrected(
             await other.aclose()
 
     run(body)
+
+
+def test_checks_that_write_nothing_do_not_queue_behind_each_other() -> None:
+    """A healthy pick writes nothing: concurrent ones are in flight together, not one round
+    trip after another; a pick that writes still waits for the worker's other writes."""
+
+    async def body(prefix: str) -> None:
+        store = RedisStateStore(REDIS_URL or "", prefix)
+        real = store._redis.execute
+        in_flight = 0
+        most = 0
+
+        async def counted(*args: Any) -> Any:
+            nonlocal in_flight, most
+            in_flight += 1
+            most = max(most, in_flight)
+            try:
+                return await real(*args)
+            finally:
+                in_flight -= 1
+
+        store._redis.execute = counted  # type: ignore[method-assign]
+
+        def keep(s: ComboState) -> tuple[ComboState, str]:
+            return s, "kept"
+
+        def bump(s: ComboState) -> tuple[ComboState, int]:
+            new = note_success(s, AB, A)
+            return new, new.success_counts[A]
+
+        try:
+            assert await store.update("main", bump) == 1  # the guess is known from here on
+            most = 0
+            assert (
+                await asyncio.gather(*(store.update("main", keep) for _ in range(8)))
+                == ["kept"] * 8
+            )
+            assert most == 8
+            most = 0
+            assert sorted(
+                await asyncio.gather(*(store.update("main", bump) for _ in range(4)))
+            ) == [
+                2,
+                3,
+                4,
+                5,
+            ]
+            assert most == 1  # writes of one worker still take turns (no retries among them)
+        finally:
+            await store.aclose()
+
+    run(body)
+
+
+def test_a_check_on_a_stale_guess_is_decided_again_on_the_value_redis_holds() -> None:
+    async def body(prefix: str) -> None:
+        mine = RedisStateStore(REDIS_URL or "", prefix)
+        other = RedisStateStore(REDIS_URL or "", prefix)
+        seen: list[int] = []
+
+        def look(s: ComboState) -> tuple[ComboState, int]:
+            seen.append(s.success_counts.get(A, 0))
+            return s, s.success_counts.get(A, 0)
+
+        def bump(s: ComboState) -> tuple[ComboState, int]:
+            new = note_success(s, AB, A)
+            return new, new.success_counts[A]
+
+        try:
+            await mine.update("main", bump)
+            await other.get("main")
+            await other.update("main", bump)  # mine's guess (1) is now stale
+            assert await mine.update("main", look) == 2
+            assert seen == [1, 2]  # decided on the guess, refused, decided on Redis's value
+        finally:
+            await mine.aclose()
+            await other.aclose()
+
+    run(body)
