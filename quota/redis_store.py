@@ -52,11 +52,11 @@ class RedisCas:
         self._locks: dict[str, asyncio.Lock] = {}
         self._seen: dict[str, bytes | None] = {}
 
-    def note(self, key: str, raw: bytes | str | None) -> None:
+    def note(self, key: str, raw: bytes | None) -> None:
         """Remember a value just read from Redis (the next update's first guess)."""
         if len(self._seen) > MAX_LOCKS:
             self._seen.clear()  # only guesses: losing them costs one GET each
-        self._seen[key] = raw.encode() if isinstance(raw, str) else raw
+        self._seen[key] = raw
 
     async def update(
         self, key: str, fn: Callable[[bytes | None], tuple[str | None, T]], *, ttl_ms: int
@@ -67,43 +67,49 @@ class RedisCas:
             # One lock per key ever seen would grow with every ChatGPT account: keep busy ones.
             self._locks = {k: v for k, v in self._locks.items() if v.locked()}
             self._seen = {k: v for k, v in self._seen.items() if k in self._locks}
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        raw = self._seen.get(key, _UNSEEN)
-        if raw is not _UNSEEN and not lock.locked():
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        guess = self._seen.get(key, _UNSEEN)
+        decided: tuple[bytes | None, str | None, T] | None = None
+        if guess is not _UNSEEN and not lock.locked():
             # A step that writes nothing (a healthy pick: no rotation, no probe, no cooldown)
             # only checks that the key still holds the value it was decided on. Checks cannot
             # conflict with each other, so they need not queue behind this worker's other
             # updates of the key (at c=16 that queue capped a worker's throughput at one
             # round trip per request). A check that finds another value goes the locked way.
-            assert raw is None or isinstance(raw, bytes)
-            new, result = fn(raw)
-            expected = b"" if raw is None else raw
-            if (new or "").encode() == expected:
+            assert guess is None or isinstance(guess, bytes)
+            new, result = fn(guess)
+            expected = b"" if guess is None else guess
+            if (new or "").encode() != expected:
+                decided = (guess, new, result)  # a write: reused below if the guess holds
+            else:
                 reply = await self._cas(keys=[key], args=[expected, expected, ttl_ms])
                 if reply[0] == 1:
                     return result
-                held = reply[1]
                 # Replies come in the order Redis ran the scripts: this is the latest value.
-                self._seen[key] = (held.encode() if isinstance(held, str) else held) or None
+                self._seen[key] = reply[1] or None
         async with lock:
             raw = self._seen.get(key, _UNSEEN)
             if raw is _UNSEEN:
-                value = await self.redis.get(key)
-                raw = value.encode() if isinstance(value, str) else value
+                raw = await self.redis.get(key)
             for attempt in range(MAX_ATTEMPTS):
                 if attempt > 1:
                     # A worker whose guesses are right wins every race against one that must
                     # learn the value first; a random pause breaks that lockstep.
                     await asyncio.sleep(random.uniform(0, 0.001) * min(attempt, 10))
                 assert raw is None or isinstance(raw, bytes)
-                new, result = fn(raw)
+                if decided is not None and decided[0] is raw:
+                    _, new, result = decided
+                else:
+                    new, result = fn(raw)
+                decided = None
                 expected = b"" if raw is None else raw
                 reply = await self._cas(keys=[key], args=[expected, new or "", ttl_ms])
                 if reply[0] == 1:
                     self._seen[key] = None if new is None else new.encode()
                     return result
-                held = reply[1]
-                raw = (held.encode() if isinstance(held, str) else held) or None
+                raw = reply[1] or None  # the value Redis holds (bytes: resp never decodes)
                 self._seen[key] = raw
         raise ConflictError(f"{key} is too contended")
 

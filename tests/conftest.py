@@ -21,6 +21,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import pytest
 
+from tests.ocxsite.deps import RedisServer
+
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 
@@ -291,3 +293,14 @@ def sse_events(text: str) -> list[tuple[str | None, Any]]:
         except ValueError:
             out.append((event, data))
     return out
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A throwaway `redis-server` (tests/ocxsite/deps.py) of one test, stopped after it."""
+    server = RedisServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()

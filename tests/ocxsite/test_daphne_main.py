@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from twisted.internet.testing import StringTransport
 from twisted.web import http
 
@@ -67,13 +68,20 @@ def test_a_uvicorn_worker_does_not_load_twisted() -> None:
     assert got == {"twisted": False, "daphne": False, "OpenSSL": False}
 
 
-def test_twisted_formats_no_access_log_line() -> None:
+def test_twisted_formats_no_access_log_line(monkeypatch: pytest.MonkeyPatch) -> None:
     import io
 
     from daphne import http_protocol
 
     from ocxsite import daphne_main
 
+    # install() patches Daphne's classes for the worker; undo it for the rest of this process.
+    for cls, name in (
+        (http_protocol.WebRequest, "process"),
+        (http_protocol.WebRequest, "__init__"),
+        (http_protocol.HTTPFactory, "log"),
+    ):
+        monkeypatch.setattr(cls, name, getattr(cls, name))
     daphne_main.install()
     factory = http_protocol.HTTPFactory(server=None)
     factory._logFile = written = io.StringIO()  # where Twisted would write the line

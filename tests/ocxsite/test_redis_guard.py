@@ -8,7 +8,6 @@ import asyncio
 import shutil
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,16 +28,6 @@ from ocxsite.redis_state import RedisStateStore
 from tests.ocxsite.deps import RedisServer
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server")
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 async def until(predicate: object, timeout: float = 10) -> None:

@@ -308,6 +308,15 @@ def test_checks_that_write_nothing_do_not_queue_behind_each_other() -> None:
                 5,
             ]
             assert most == 1  # writes of one worker still take turns (no retries among them)
+            calls = 0
+
+            def counted_bump(s: ComboState) -> tuple[ComboState, int]:
+                nonlocal calls
+                calls += 1
+                return bump(s)
+
+            assert await store.update("main", counted_bump) == 6
+            assert calls == 1  # the step decided before the lock is reused, not run again
         finally:
             await store.aclose()
 

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from providers.http1 import Http1Transport
+from tests.certs import self_signed
 
 Answer = Callable[[asyncio.StreamWriter, int], Awaitable[None]]
 
@@ -400,43 +401,8 @@ async def test_large_body_is_paused_and_resumed_without_loss() -> None:
     assert srv.connections == 1
 
 
-def _self_signed(tmp: Path) -> tuple[Path, Path]:
-    import datetime as dt
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=1))
-        .not_valid_after(now + dt.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
-
-
 async def test_tls_verifies_the_upstream_certificate(tmp_path: Path) -> None:
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_tls.load_cert_chain(cert, key)
     requests: list[bytes] = []
@@ -495,7 +461,7 @@ async def test_endless_head_is_refused() -> None:
 
 
 def _tls_pair(tmp: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    cert, key = _self_signed(tmp)
+    cert, key = self_signed(tmp)
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server.load_cert_chain(cert, key)
     return server, ssl.create_default_context(cafile=str(cert))

@@ -11,7 +11,6 @@ import ssl
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +19,10 @@ import redis
 from redis import exceptions as rexc
 
 from quota.resp import RespClient, _Incomplete, _read
+from tests.certs import self_signed
 from tests.ocxsite.deps import RedisServer, free_port
-from tests.providers.test_http1 import _self_signed
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server")
-
-
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    srv = RedisServer()
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.close()
 
 
 def _spawn(args: list[str], ready: Any) -> subprocess.Popen[bytes]:
@@ -94,8 +83,8 @@ def test_read_waits_for_the_whole_reply_at_every_split(reply: bytes) -> None:
 # --- against a real Redis ---------------------------------------------------------------
 
 
-async def test_commands_pipelines_and_transactions(server: RedisServer) -> None:
-    client = RespClient(server.url)
+async def test_commands_pipelines_and_transactions(redis_server: RedisServer) -> None:
+    client = RespClient(redis_server.url)
     try:
         assert await client.ping() is True
         assert await client.execute("SET", "a", "1", "PX", 60_000) == b"OK"
@@ -118,8 +107,10 @@ async def test_commands_pipelines_and_transactions(server: RedisServer) -> None:
         await client.aclose()
 
 
-async def test_a_refused_command_in_a_transaction_applies_none_of_it(server: RedisServer) -> None:
-    client = RespClient(server.url)
+async def test_a_refused_command_in_a_transaction_applies_none_of_it(
+    redis_server: RedisServer,
+) -> None:
+    client = RespClient(redis_server.url)
     try:
         with pytest.raises(rexc.ResponseError):
             await client.transaction([("INCRBY", "x", 5), ("NOSUCHCOMMAND",), ("INCRBY", "y", 1)])
@@ -129,8 +120,8 @@ async def test_a_refused_command_in_a_transaction_applies_none_of_it(server: Red
         await client.aclose()
 
 
-async def test_a_script_is_sent_whole_only_when_redis_lost_it(server: RedisServer) -> None:
-    client = RespClient(server.url)
+async def test_a_script_is_sent_whole_only_when_redis_lost_it(redis_server: RedisServer) -> None:
+    client = RespClient(redis_server.url)
     sent: list[str] = []
     real = client.execute
 
@@ -153,64 +144,66 @@ async def test_a_script_is_sent_whole_only_when_redis_lost_it(server: RedisServe
 
 
 async def test_concurrent_callers_share_one_connection_and_get_their_own_replies(
-    server: RedisServer,
+    redis_server: RedisServer,
 ) -> None:
-    client = RespClient(server.url)
+    client = RespClient(redis_server.url)
     try:
         await client.pipeline([("SET", f"k{i}", str(i)) for i in range(300)])
         got = await asyncio.gather(*(client.get(f"k{i}") for i in range(300)))
         assert got == [str(i).encode() for i in range(300)]
-        clients = server.client().client_list()
+        clients = redis_server.client().client_list()
         assert len(clients) == 2  # this client's one connection, and the one listing them
     finally:
         await client.aclose()
 
 
-async def test_a_caller_that_gives_up_leaves_the_connection_in_step(server: RedisServer) -> None:
-    client = RespClient(server.url)
+async def test_a_caller_that_gives_up_leaves_the_connection_in_step(
+    redis_server: RedisServer,
+) -> None:
+    client = RespClient(redis_server.url)
     try:
         await client.execute("SET", "first", "1")
         await client.execute("SET", "second", "2")
-        server.pause()
+        redis_server.pause()
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.05):
                 await client.get("first")
-        server.resume()
+        redis_server.resume()
         # The abandoned GET's reply arrives first and is dropped; this one gets its own.
         assert await client.get("second") == b"2"
     finally:
-        server.resume()
+        redis_server.resume()
         await client.aclose()
 
 
 async def test_a_redis_that_stops_answering_fails_its_callers_after_timeout_s(
-    server: RedisServer,
+    redis_server: RedisServer,
 ) -> None:
-    client = RespClient(server.url, timeout_s=0.2)
+    client = RespClient(redis_server.url, timeout_s=0.2)
     try:
         await client.ping()
-        server.pause()
+        redis_server.pause()
         started = time.monotonic()
         results = await asyncio.gather(client.get("a"), client.get("b"), return_exceptions=True)
         waited = time.monotonic() - started
         assert [type(r) for r in results] == [rexc.TimeoutError, rexc.TimeoutError]
         assert 0.2 <= waited < 2.0
-        server.resume()
+        redis_server.resume()
         assert await client.ping() is True  # a new connection
     finally:
-        server.resume()
+        redis_server.resume()
         await client.aclose()
 
 
-async def test_a_restarted_redis_is_reconnected_to(server: RedisServer) -> None:
-    client = RespClient(server.url)
+async def test_a_restarted_redis_is_reconnected_to(redis_server: RedisServer) -> None:
+    client = RespClient(redis_server.url)
     try:
         await client.execute("SET", "a", "1")
-        await asyncio.to_thread(server.stop)  # the loop runs meanwhile: it sees the close
+        await asyncio.to_thread(redis_server.stop)  # the loop runs meanwhile: it sees the close
         with pytest.raises(rexc.ConnectionError) as refused:
             await client.get("a")
         assert "127.0.0.1" not in str(refused.value)
-        await asyncio.to_thread(server.start)
+        await asyncio.to_thread(redis_server.start)
         assert await client.get("a") is None  # no persistence: a new, empty Redis
     finally:
         await client.aclose()
@@ -242,8 +235,8 @@ async def test_a_connection_lost_mid_command_fails_it_without_sending_it_again()
         srv.close()
 
 
-def test_one_client_serves_successive_event_loops(server: RedisServer) -> None:
-    client = RespClient(server.url)
+def test_one_client_serves_successive_event_loops(redis_server: RedisServer) -> None:
+    client = RespClient(redis_server.url)
     asyncio.run(client.execute("SET", "a", "1"))
     assert asyncio.run(client.get("a")) == b"1"
     asyncio.run(client.aclose())
@@ -288,7 +281,7 @@ async def test_unix_socket() -> None:
 
 
 async def test_tls_verifies_the_server_certificate(tmp_path: Path) -> None:
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     port = free_port()
     tls = ["--tls-port", str(port), "--tls-cert-file", str(cert), "--tls-key-file", str(key)]
     proc = _spawn(
@@ -356,12 +349,12 @@ def test_ssl_options_follow_the_url() -> None:
     assert RespClient("redis://h:1/0")._ssl is None
 
 
-def test_works_on_uvloop(server: RedisServer) -> None:
+def test_works_on_uvloop(redis_server: RedisServer) -> None:
     # `ocx serve --server uvicorn` runs on uvloop, whose transports do not subclass asyncio's.
     uvloop = pytest.importorskip("uvloop")
 
     async def body() -> None:
-        client = RespClient(server.url)
+        client = RespClient(redis_server.url)
         try:
             assert await client.transaction([("INCRBY", "u", 2), ("PEXPIRE", "u", 1000)]) == [2, 1]
             assert await client.get("u") == b"2"
@@ -371,8 +364,8 @@ def test_works_on_uvloop(server: RedisServer) -> None:
     uvloop.run(body())
 
 
-async def test_an_empty_command_is_refused_unsent(server: RedisServer) -> None:
-    client = RespClient(server.url)
+async def test_an_empty_command_is_refused_unsent(redis_server: RedisServer) -> None:
+    client = RespClient(redis_server.url)
     try:
         assert await client.pipeline([]) == []
         assert await client.transaction([]) == []
@@ -384,7 +377,7 @@ async def test_an_empty_command_is_refused_unsent(server: RedisServer) -> None:
 
 
 async def test_mutual_tls_with_a_client_certificate(tmp_path: Path) -> None:
-    cert, key = _self_signed(tmp_path)  # its own CA: it also signs the client's certificate
+    cert, key = self_signed(tmp_path)  # its own CA: it also signs the client's certificate
     port = free_port()
     tls = ["--tls-port", str(port), "--tls-cert-file", str(cert), "--tls-key-file", str(key)]
     proc = _spawn(
