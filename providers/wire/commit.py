@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
@@ -311,25 +311,28 @@ def failure_from_payload(protocol: WireProtocol, event: SSEEvent) -> StreamFailu
 
 
 class _EndTracker:
-    """Watches terminals to tell a clean end from a failure or truncation."""
+    """Watches terminals to tell a clean end from a failure or truncation.
 
-    def __init__(
-        self, protocol: WireProtocol, failure_of: Callable[[SSEEvent], StreamFailure]
-    ) -> None:
+    It holds no reference back to its scanner (the failure is read by the scanner): a cycle
+    would keep every stream's parsed events alive until the cyclic collector ran, which at
+    64 concurrent streams held megabytes of them (bench/README.md, seventh run)."""
+
+    def __init__(self, protocol: WireProtocol) -> None:
         self.protocol = protocol
-        self.failure_of = failure_of
         self.state = EndState.OPEN
         self.finish_seen = False
         self.done_seen = False
         self.failure: StreamFailure | None = None
 
-    def observe(self, cls: EventClass, event: SSEEvent) -> None:
+    def observe(self, cls: EventClass, event: SSEEvent) -> bool:
+        """Track one frame; True when it is the stream's failure terminal (the caller sets
+        `failure` from it)."""
         if self.state in (EndState.FAILED, EndState.COMPLETED, EndState.INCOMPLETE):
-            return
+            return False
         if cls is EventClass.FAILURE:
             self.state = EndState.FAILED
-            self.failure = self.failure_of(event)
-        elif cls is EventClass.COMPLETED:
+            return True
+        if cls is EventClass.COMPLETED:
             self.state = EndState.COMPLETED
         elif cls is EventClass.INCOMPLETE:
             self.state = EndState.INCOMPLETE
@@ -339,6 +342,7 @@ class _EndTracker:
             elif cls is EventClass.DONE:
                 self.done_seen = True
                 self.state = EndState.COMPLETED if self.finish_seen else EndState.TRUNCATED
+        return False
 
     def close(self, *, cut: bool = False) -> None:
         """End of stream. A Chat stream that sent its `finish_reason` is complete without the
@@ -389,7 +393,7 @@ class CommitScanner:
         self._phase = Phase.BUFFERING
         self._failure: StreamFailure | None = None
         self._events: list[SSEEvent] = []
-        self._end = _EndTracker(protocol, self.failure_of)
+        self._end = _EndTracker(protocol)
         # Frames classified MALFORMED so far (counted here: every frame is decoded once).
         self.malformed = 0
 
@@ -487,7 +491,8 @@ class CommitScanner:
             cls = self.classify(event)
             if cls is EventClass.MALFORMED:
                 self.malformed += 1
-            self._end.observe(cls, event)
+            if self._end.observe(cls, event):
+                self._end.failure = self.failure_of(event)
         return events
 
     def _inspect(self, events: tuple[SSEEvent, ...], idle_reason: str) -> Decision:
@@ -517,7 +522,8 @@ class CommitScanner:
                 ):
                     self._phase = Phase.COMMITTED
                     reason = "output" if cls is EventClass.OUTPUT else "terminal"
-            self._end.observe(cls, event)
+            if self._end.observe(cls, event):
+                self._end.failure = self.failure_of(event)
         return Decision(self._phase, reason, None, events)
 
 

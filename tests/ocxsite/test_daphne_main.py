@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from twisted.internet.testing import StringTransport
@@ -72,6 +75,7 @@ def test_twisted_formats_no_access_log_line(monkeypatch: pytest.MonkeyPatch) -> 
     import io
 
     from daphne import http_protocol
+    from daphne.server import Server
 
     from ocxsite import daphne_main
 
@@ -80,6 +84,7 @@ def test_twisted_formats_no_access_log_line(monkeypatch: pytest.MonkeyPatch) -> 
         (http_protocol.WebRequest, "process"),
         (http_protocol.WebRequest, "__init__"),
         (http_protocol.HTTPFactory, "log"),
+        (Server, "create_application"),
     ):
         monkeypatch.setattr(cls, name, getattr(cls, name))
     daphne_main.install()
@@ -94,3 +99,55 @@ def test_twisted_formats_no_access_log_line(monkeypatch: pytest.MonkeyPatch) -> 
     # Without the change Twisted writes one Common Log Format line per request.
     http.HTTPFactory.log(factory, request)
     assert written.getvalue().count("\n") == 1
+
+
+async def _one_request(
+    app: Any, *, disconnect_first: bool = True, disconnect: bool = True
+) -> tuple[Any, object]:
+    """One application instance as Daphne's server makes it for a request, through ocx's
+    `create_application`; `disconnect` is Daphne marking the request finished."""
+    from daphne.server import Server
+
+    from ocxsite import daphne_main
+
+    server = Server(application=app, endpoints=["tcp:port=0:interface=127.0.0.1"])
+    protocol = object()
+    server.connections = {protocol: {}}  # as `Server.run` starts it (not run here)
+    daphne_main._create_application_reaped(server, protocol, {"type": "http"})
+    instance = server.connections[protocol]["application_instance"]
+    if disconnect and disconnect_first:
+        server.protocol_disconnected(protocol)
+    with contextlib.suppress(RuntimeError):
+        await instance
+    await asyncio.sleep(0)  # the done callbacks run
+    if disconnect and not disconnect_first:
+        server.protocol_disconnected(protocol)
+    return server, protocol
+
+
+async def test_a_served_request_is_forgotten_when_its_application_ends() -> None:
+    # Daphne held every finished request until its once-a-second sweep: thousands at once
+    # under load, 20-30 MB of a worker's heap.
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await asyncio.sleep(0)
+
+    server, protocol = await _one_request(app)
+    assert protocol not in server.connections
+
+
+async def test_a_failed_or_unfinished_request_is_left_to_daphnes_sweep() -> None:
+    async def failing(scope: Any, receive: Any, send: Any) -> None:
+        raise RuntimeError("boom")
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        return None
+
+    # The sweep logs the exception (and answers 500 if the response had not started).
+    server, protocol = await _one_request(failing)
+    assert server.connections[protocol]["application_instance"].done()
+    # The application returned but the response is not finished (no disconnect yet).
+    server, protocol = await _one_request(app, disconnect=False)
+    assert "application_instance" in server.connections[protocol]
+    # Finished after the application ended: the sweep removes it.
+    server, protocol = await _one_request(app, disconnect_first=False)
+    assert "disconnected" in server.connections[protocol]

@@ -86,3 +86,33 @@ async def test_an_upstream_cookie_is_never_sent_back() -> None:
         await client.aclose()
     assert len(srv.requests) == 2
     assert b"cookie:" not in srv.requests[1].lower().replace(b"set-cookie", b"")
+
+
+async def test_a_burst_leaves_every_connection_for_the_next_one() -> None:
+    # Keeping only 16 idle connections, a worker at 64 in-flight requests closed and reopened
+    # about one upstream connection in four.
+    from tests.providers.test_http1 import Server, until
+
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        # Each burst is answered once all of it has arrived: every request holds a connection.
+        await until(lambda: len(srv.requests) >= (n // POOL_CONNECTIONS + 1) * POOL_CONNECTIONS)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+        await writer.drain()
+
+    async def one(client: ProviderClient) -> bytes:
+        resp = await client.send(client.request(srv.url, {}, b"{}"))
+        body = await resp.aread()
+        await resp.aclose()
+        return body
+
+    async with Server(answer) as srv:
+        spec = ProviderSpec(
+            name="a", adapter="openai-chat", base_url=f"http://127.0.0.1:{srv.port}"
+        )
+        client = ProviderClient(spec)
+        for _ in range(2):
+            bodies = await asyncio.gather(*(one(client) for _ in range(POOL_CONNECTIONS)))
+            assert bodies == [b"{}"] * POOL_CONNECTIONS
+        await client.aclose()
+    assert len(srv.requests) == 2 * POOL_CONNECTIONS
+    assert srv.connections == POOL_CONNECTIONS

@@ -522,3 +522,38 @@ def test_scanner_counts_malformed_frames_before_and_after_commit() -> None:
     scanner.finish()
     assert scanner.malformed == 3
     assert scanner.end_state() is EndState.COMPLETED
+
+
+@pytest.mark.parametrize("protocol", ["chat", "responses"])
+def test_a_finished_scanner_is_freed_without_the_cyclic_collector(protocol: WireProtocol) -> None:
+    # A cycle (scanner -> end tracker -> the scanner's bound method) kept every stream's parsed
+    # frames alive until the collector ran: megabytes at 64 concurrent streams.
+    import gc
+    import weakref
+
+    frames = (
+        [chunk(content="hi"), finish_chunk(), b"data: [DONE]\n\n"]
+        if protocol == "chat"
+        else [IN_PROGRESS, TEXT, COMPLETED]
+    )
+    gc.disable()
+    try:
+        scanner = CommitScanner(protocol)
+        for raw in frames:
+            scanner.feed(raw)
+        assert scanner.finish().phase is Phase.COMMITTED
+        assert scanner.end_state() is EndState.COMPLETED
+        gone = weakref.ref(scanner)
+        del scanner
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
+def test_a_failure_terminal_after_commit_is_read_by_the_scanner() -> None:
+    scanner = CommitScanner("chat")
+    scanner.feed(chunk(content="hi"))
+    decision = scanner.feed(frame({"error": {"type": "server_error", "message": "boom"}}))
+    assert decision.phase is Phase.COMMITTED
+    assert scanner.end_state() is EndState.FAILED
+    assert scanner.failure is not None and scanner.failure.type == "server_error"
