@@ -20,6 +20,7 @@ import functools
 import os
 import signal
 import sys
+import types
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -27,28 +28,50 @@ from typing import Any
 from ocxsite import lifecycle
 
 
-@contextlib.contextmanager
-def _without_openssl() -> Iterator[None]:
-    """Import Daphne's stack as if pyOpenSSL were not installed (about 6 MB of a 100 MB worker).
+class _WampSession:
+    """Stands in for Autobahn's WAMP `ApplicationSession`, which an ocx worker never runs."""
 
-    `ocx serve` runs Daphne on plain TCP (TLS ends at the reverse proxy), yet Twisted's
-    reactor, TCP and endpoint modules and Autobahn's helpers each try to import the TLS layer,
-    and with it pyOpenSSL and cryptography's x509; without `OpenSSL` each falls back to plain
-    TCP. The block lasts only for these imports: anything later that imports `OpenSSL` gets it."""
-    if "OpenSSL" in sys.modules:
-        yield
-        return
-    sys.modules["OpenSSL"] = None  # type: ignore[assignment]
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise RuntimeError("Autobahn's WAMP is not loaded in an ocx Daphne worker")
+
+
+def _wamp_stand_in() -> types.ModuleType:
+    module = types.ModuleType("autobahn.twisted.wamp", _WampSession.__doc__)
+    module.ApplicationSession = _WampSession  # type: ignore[attr-defined]
+    return module
+
+
+@contextlib.contextmanager
+def _lean_imports() -> Iterator[None]:
+    """Import Daphne's stack without two things a worker behind a proxy never uses:
+
+    * pyOpenSSL (about 6 MB). `ocx serve` runs Daphne on plain TCP (TLS ends at the reverse
+      proxy), yet Twisted's reactor, TCP and endpoint modules and Autobahn's helpers each try
+      to import the TLS layer, and with it pyOpenSSL and cryptography's x509; without
+      `OpenSSL` each falls back to plain TCP.
+    * Autobahn's WAMP session (8-9 MB). `autobahn.twisted` imports `ApplicationSession` from
+      `autobahn.twisted.wamp`, whose authenticators load `cryptography`'s Rust bindings and
+      the OpenSSL they carry. Daphne uses only Autobahn's WebSocket protocol.
+
+    The block lasts only for these imports: anything later that imports either gets it."""
+    stand_ins: dict[str, types.ModuleType | None] = {
+        "OpenSSL": None,
+        "autobahn.twisted.wamp": _wamp_stand_in(),
+    }
+    placed = {name: module for name, module in stand_ins.items() if name not in sys.modules}
+    sys.modules.update(placed)  # type: ignore[arg-type]
     try:
         yield
     finally:
-        del sys.modules["OpenSSL"]
+        for name, module in placed.items():
+            if sys.modules.get(name) is module:
+                del sys.modules[name]
 
 
 # Autobahn's native UTF-8 validator (for the frames clients send on /ws/events, a few a minute)
 # compiles its C declarations with pycparser at import; the pure-Python one checks the same.
 os.environ.setdefault("AUTOBAHN_USE_NVX", "0")
-with _without_openssl():
+with _lean_imports():
     from daphne import http_protocol
     from daphne.cli import CommandLineInterface
     from daphne.server import Server

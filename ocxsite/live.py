@@ -13,7 +13,6 @@ from collections.abc import Collection, Mapping
 from dataclasses import replace
 from types import MappingProxyType
 
-import redis
 from asgiref.sync import async_to_sync
 from django.conf import settings
 
@@ -101,6 +100,8 @@ def _breaker_open() -> bool:
 
 def load(combo_ids: Collection[str], local: bool, reasons: bool) -> LiveSnapshot:
     if settings.OCX_REDIS_URL:
+        import redis  # only where Redis is used: 4-5 MB of a worker otherwise
+
         copy = _worker_copy(combo_ids) if local and _breaker_open() else None
         try:
             snapshot = copy or async_to_sync(_read_redis)(combo_ids)

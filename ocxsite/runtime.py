@@ -20,6 +20,7 @@ import os
 import random
 import time
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -37,18 +38,13 @@ from ocxsite.background import BatchWriter, in_thread
 from ocxsite.events import EVENTS_GROUP
 from ocxsite.ratelimit import MemoryLimiter, RedisLimiter
 from ocxsite.recall_store import MemoryRecall, RedisRecall
-from ocxsite.redis_guard import (
-    GuardedBudgetStore,
-    GuardedJsonStore,
-    GuardedLimiter,
-    GuardedRecall,
-    GuardedStateStore,
-    RedisBreaker,
-)
 from providers.upstream import ProviderClient
 from quota import services as quota_services
 from quota.tracker import JsonStore, MemoryJsonStore, QuotaTracker
 from quota.windows import Transition, Window, transition_message
+
+if TYPE_CHECKING:
+    from ocxsite.redis_guard import GuardedLimiter, GuardedRecall, GuardedStateStore, RedisBreaker
 
 log = logging.getLogger("ocx.runtime")
 
@@ -72,15 +68,22 @@ class Runtime:
         self.keys: Mapping[str, KeyInfo] = {}
         self.keys_version = -1
         # One circuit breaker per worker in front of every Redis-backed store (redis_guard).
-        self.redis: RedisBreaker | None = (
-            RedisBreaker(
+        # The guard, its stores and redis-py load only where Redis is used (4-5 MB of a
+        # worker otherwise).
+        self.redis: RedisBreaker | None = None
+        # The stores that keep this worker's own copy of the combo states (`apply` resets it).
+        self._local_stores: tuple[type[MemoryStateStore | GuardedStateStore], ...] = (
+            MemoryStateStore,
+        )
+        if settings.OCX_REDIS_URL:
+            from ocxsite.redis_guard import GuardedStateStore, RedisBreaker
+
+            self.redis = RedisBreaker(
                 settings.OCX_REDIS_URL,
                 timeout_s=settings.OCX_REDIS_TIMEOUT_MS / 1000,
                 on_change=self._on_redis,
             )
-            if settings.OCX_REDIS_URL
-            else None
-        )
+            self._local_stores = (MemoryStateStore, GuardedStateStore)
         self.store: StateStore = store or _default_store(self.redis)
         self.clients: dict[str, ProviderClient] = {}
         self.rng = random.Random()
@@ -102,6 +105,8 @@ class Runtime:
         self.recall: MemoryRecall | GuardedRecall = MemoryRecall()
         self.limiter: MemoryLimiter | GuardedLimiter = MemoryLimiter()
         if settings.OCX_REDIS_URL and self.redis is not None:
+            from ocxsite.redis_guard import GuardedLimiter, GuardedRecall
+
             url, prefix = settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX
             self.recall = GuardedRecall(RedisRecall(url, prefix), self.redis)
             # While Redis is out each worker allows its share: `limit / workers`.
@@ -113,6 +118,8 @@ class Runtime:
             self.emit, lambda: int(time.time() * 1000), self.budget_events
         )
         if self.redis is not None and settings.OCX_REDIS_URL:
+            from ocxsite.redis_guard import GuardedBudgetStore
+
             # While Redis is out each worker spends its share of what was left (redis_guard).
             workers = int(os.environ.get("OCX_WORKER_COUNT") or 1)
             self.budgets.store = GuardedBudgetStore(self.budgets.store, self.redis, workers)
@@ -152,7 +159,7 @@ class Runtime:
             for combo_id, spec in old.combos.items():
                 # A shared (Redis) store is reset once by the config write path instead.
                 changed = snapshot.combos.get(combo_id) != spec
-                if changed and isinstance(self.store, MemoryStateStore | GuardedStateStore):
+                if changed and isinstance(self.store, self._local_stores):
                     self.store.forget(combo_id)
             for name, provider in old.providers.items():
                 new = snapshot.providers.get(name)
@@ -375,6 +382,7 @@ def transition_text(snapshot: ConfigSnapshot | None, provider: str, transition: 
 
 def _quota_store(breaker: RedisBreaker | None) -> JsonStore:
     if settings.OCX_REDIS_URL and breaker is not None:
+        from ocxsite.redis_guard import GuardedJsonStore
         from quota.redis_store import RedisJsonStore
 
         shared = RedisJsonStore(settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX)
@@ -384,6 +392,7 @@ def _quota_store(breaker: RedisBreaker | None) -> JsonStore:
 
 def _default_store(breaker: RedisBreaker | None) -> StateStore:
     if settings.OCX_REDIS_URL and breaker is not None:
+        from ocxsite.redis_guard import GuardedStateStore
         from ocxsite.redis_state import RedisStateStore
 
         shared = RedisStateStore(settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX)

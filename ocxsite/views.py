@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import redis
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -43,6 +42,8 @@ def readyz(request: HttpRequest) -> JsonResponse:
         if breaker is not None and breaker.open:
             checks["redis"] = f"error: {breaker.reason}"
         else:
+            import redis  # only where Redis is used: 4-5 MB of a worker otherwise
+
             client = redis.Redis.from_url(
                 settings.OCX_REDIS_URL, socket_timeout=1, socket_connect_timeout=1
             )

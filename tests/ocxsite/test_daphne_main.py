@@ -51,15 +51,19 @@ def _modules_after(code: str) -> dict[str, object]:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def test_a_daphne_worker_does_not_load_pyopenssl_and_others_still_can() -> None:
+def test_a_daphne_worker_loads_neither_pyopenssl_nor_wamp_and_others_still_can() -> None:
     got = _modules_after(
         "import json, sys, django; import ocxsite.daphne_main; django.setup(); "
-        "import ocxsite.asgi; from twisted.internet import reactor; "
-        "before = 'OpenSSL' in sys.modules; import OpenSSL.SSL; "
+        "import ocxsite.asgi, ocxsite.urls; from twisted.internet import reactor; "
+        "from providers.sealing import seal, unseal; assert unseal(seal('sk-x')) == 'sk-x'; "
+        "lean = ('OpenSSL', 'cryptography.hazmat.bindings._rust', 'autobahn.twisted.wamp'); "
+        "before = sorted(m for m in lean if m in sys.modules); "
+        "import OpenSSL.SSL; from autobahn.twisted.wamp import ApplicationSession; "
         "print(json.dumps({'before': before, 'reactor': type(reactor).__name__, "
+        "'wamp': hasattr(ApplicationSession, 'onJoin'), "
         "'nvx': __import__('autobahn.websocket').websocket.USES_NVX}))"
     )
-    assert got == {"before": False, "reactor": "AsyncioSelectorReactor", "nvx": False}
+    assert got == {"before": [], "reactor": "AsyncioSelectorReactor", "wamp": True, "nvx": False}
 
 
 def test_a_uvicorn_worker_does_not_load_twisted() -> None:

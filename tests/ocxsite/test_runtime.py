@@ -170,3 +170,31 @@ def test_a_background_thread_whose_connection_broke_reconnects_on_the_next_call(
     access.client_key_create(username="hal")
     version = keys_version()
     assert asyncio.run(scenario()) == [str(version), "error", str(version)]
+
+
+@pytest.mark.django_db(transaction=False)
+@pytest.mark.parametrize("redis_url", ["", "redis://127.0.0.1:1/0"])
+def test_redis_py_loads_only_in_a_worker_that_uses_redis(redis_url: str) -> None:
+    # Without REDIS_URL the guard, the Redis client and redis-py (4-5 MB) stay unloaded.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys, django; django.setup(); "
+        "import ocxsite.asgi, ocxsite.urls, ocxsite.views, ocxsite.live; "
+        "from ocxsite.runtime import Runtime; r = Runtime(); "
+        "print(json.dumps([bool(r.redis), sorted(m for m in "
+        "('redis', 'quota.resp', 'ocxsite.redis_guard') if m in sys.modules)]))"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "ocxsite.settings", "REDIS_URL": redis_url}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    shared, loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    if redis_url:
+        assert shared and loaded == ["ocxsite.redis_guard", "quota.resp", "redis"]
+    else:
+        assert not shared and loaded == []
