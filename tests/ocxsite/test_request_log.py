@@ -451,3 +451,28 @@ def test_requests_refused_before_routing_are_logged_too(server: Server, mock: Mo
     assert entry["user"] == "log-rpm" and limited.startswith(entry["keyPrefix"])
     assert entry["attempts"] == [] and entry["target"] is None
     assert_clean(json.dumps(entry), limited)
+
+
+async def test_batch_writer_takes_what_is_queued_without_a_loop_turn_per_item() -> None:
+    # With a wait per item a loop busy with 2,000 requests a second moved a few hundred items
+    # a second into batches: the queue outgrew the writer until it dropped entries.
+    from ocxsite.background import BatchWriter
+
+    gathered: list[int] = []
+    writer: BatchWriter[int] = BatchWriter(
+        "test", lambda batch: gathered.append(len(batch)), maxsize=1000, batch=200
+    )
+    writer.flush_s = 30.0
+    for i in range(450):
+        writer.submit(i)
+    turns = 0
+    try:
+        while writer.queue.qsize() > 50:  # two whole batches taken, the last 50 wait
+            await asyncio.sleep(0)
+            turns += 1
+            assert turns < 40, (turns, writer.queue.qsize())
+    finally:
+        assert writer._task is not None
+        writer._task.cancel()
+        await asyncio.gather(writer._task, return_exceptions=True)
+    assert gathered[:1] == [200]
