@@ -908,13 +908,18 @@ def versions() -> dict[str, str]:
         pass
     ll = LITELLM_VENV / "bin" / "python"
     if ll.exists():
-        r = subprocess.run(
-            [str(ll), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
-            capture_output=True,
-            text=True,
-            timeout=60,
+        # LiteLLM pins few of its dependencies, and their versions move its cost: record them.
+        code = (
+            "import importlib.metadata as m, json; print(json.dumps({k: m.version(k) for k in "
+            "['litellm','openai','httpx','aiohttp','pydantic','fastapi','uvicorn','uvloop']}))"
         )
-        out["litellm"] = r.stdout.strip()
+        r = subprocess.run([str(ll), "-c", code], capture_output=True, text=True, timeout=60)
+        try:
+            deps = json.loads(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            deps = {}
+        out["litellm"] = deps.pop("litellm", "")
+        out.update({f"litellm_{k}": v for k, v in deps.items()})
     w = subprocess.run(["wrk", "-v"], capture_output=True, text=True)
     out["wrk"] = (w.stdout + w.stderr).split("\n")[0]
     return out

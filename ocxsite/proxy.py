@@ -13,7 +13,6 @@ import functools
 import json
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
@@ -49,7 +48,7 @@ from ocxsite import lifecycle, metrics
 from ocxsite.access import CLIENT_PREFIX, KeyInfo, digest
 from ocxsite.budget_gate import Refusal
 from ocxsite.http_errors import HOST_NOT_ALLOWED, HostGate
-from ocxsite.requestlog import RequestEntry
+from ocxsite.requestlog import RequestEntry, new_request_id
 from ocxsite.runtime import Runtime, get_runtime
 from providers.upstream import Caller, attempt
 from providers.wire.commit import terminal_error_frame, truncation_failure
@@ -205,7 +204,7 @@ class ProxyApp:
         return self._runtime or get_runtime()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request_id = uuid.uuid4().hex
+        request_id = new_request_id()
         exchange = Exchange(send, request_id)
         started = time.monotonic()
         outcome = "ok"

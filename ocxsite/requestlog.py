@@ -7,6 +7,7 @@ import contextlib
 import datetime as dt
 import functools
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,25 @@ class RequestEntry:
     ttft_ms: int | None = None
     attempts: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[list[str]] = field(default_factory=list)
+
+
+def new_request_id(now_ns: int | None = None) -> str:
+    """A request id: a UUIDv7 (RFC 9562) in hex, the milliseconds since the epoch first.
+
+    Time-ordered, so the request log's `request_id` index grows at its end. A random UUID4
+    put each row on a random page of that index: with the index larger than the database's
+    page cache, a batch of 200 rows read and rewrote about 200 pages, and a worker spent 5 %
+    more CPU per request at c=16-64 (bench/README.md, seventh run); more as the log grows."""
+    ms = (time.time_ns() if now_ns is None else now_ns) // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")  # 80 random bits, 74 of them used
+    value = (
+        (ms & 0xFFFF_FFFF_FFFF) << 80
+        | 0x7 << 76  # version 7
+        | (rand >> 68) << 64  # rand_a, 12 bits
+        | 0b10 << 62  # the RFC 4122 variant
+        | rand & ((1 << 62) - 1)  # rand_b, 62 bits
+    )
+    return f"{value:032x}"
 
 
 _last_retention = 0.0

@@ -476,3 +476,22 @@ async def test_batch_writer_takes_what_is_queued_without_a_loop_turn_per_item() 
         writer._task.cancel()
         await asyncio.gather(writer._task, return_exceptions=True)
     assert gathered[:1] == [200]
+
+
+def test_request_ids_are_uuid7_in_time_order() -> None:
+    # Time-ordered, so the request log's request_id index grows at its end (a UUID4 put each
+    # row on a random page of it).
+    import uuid
+
+    from ocxsite.requestlog import new_request_id
+
+    t = 1_764_600_000_000_000_000  # ns
+    ids = [new_request_id(t + i * 1_000_000) for i in range(50)]  # one a millisecond
+    assert ids == sorted(ids)
+    for rid in ids:
+        parsed = uuid.UUID(hex=rid)
+        assert len(rid) == 32 and parsed.hex == rid
+        assert parsed.version == 7 and parsed.variant == uuid.RFC_4122
+    assert int(ids[0][:12], 16) == t // 1_000_000
+    same_ms = {new_request_id(t) for _ in range(1000)}
+    assert len(same_ms) == 1000  # 74 random bits within a millisecond
