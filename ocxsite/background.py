@@ -71,9 +71,10 @@ class BatchWriter(Generic[T]):
         self.pending: list[T] = []  # a batch the database refused while unreachable
         self._pause = 0.0
         self._task: asyncio.Task[None] | None = None
-        # Set by `submit` once the queue holds what the batch being gathered still wants.
+        # Set by `submit` once the queue holds what the batch being gathered still wants, or
+        # is full (a queue smaller than a batch could otherwise never wake the writer).
         self._more = asyncio.Event()
-        self._wanted = batch
+        self._wanted = min(batch, maxsize)
 
     def submit(self, item: T) -> bool:
         if self._task is None or self._task.done():
@@ -115,12 +116,12 @@ class BatchWriter(Generic[T]):
                 remaining = deadline - time.monotonic()
                 if len(batch) >= self.batch or remaining <= 0:
                     break
-                self._wanted = self.batch - len(batch)
+                self._wanted = min(self.batch - len(batch), self.maxsize)
                 self._more.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(remaining):
                         await self._more.wait()
-            self._wanted = self.batch
+            self._wanted = min(self.batch, self.maxsize)
             await self.flush(batch)
 
     def _take(self, batch: list[T]) -> None:

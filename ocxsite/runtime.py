@@ -18,6 +18,7 @@ import concurrent.futures
 import logging
 import os
 import random
+import sys
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -71,19 +72,14 @@ class Runtime:
         # The guard, its stores and redis-py load only where Redis is used (4-5 MB of a
         # worker otherwise).
         self.redis: RedisBreaker | None = None
-        # The stores that keep this worker's own copy of the combo states (`apply` resets it).
-        self._local_stores: tuple[type[MemoryStateStore | GuardedStateStore], ...] = (
-            MemoryStateStore,
-        )
         if settings.OCX_REDIS_URL:
-            from ocxsite.redis_guard import GuardedStateStore, RedisBreaker
+            from ocxsite.redis_guard import RedisBreaker
 
             self.redis = RedisBreaker(
                 settings.OCX_REDIS_URL,
                 timeout_s=settings.OCX_REDIS_TIMEOUT_MS / 1000,
                 on_change=self._on_redis,
             )
-            self._local_stores = (MemoryStateStore, GuardedStateStore)
         self.store: StateStore = store or _default_store(self.redis)
         self.clients: dict[str, ProviderClient] = {}
         self.rng = random.Random()
@@ -159,7 +155,7 @@ class Runtime:
             for combo_id, spec in old.combos.items():
                 # A shared (Redis) store is reset once by the config write path instead.
                 changed = snapshot.combos.get(combo_id) != spec
-                if changed and isinstance(self.store, self._local_stores):
+                if changed and isinstance(self.store, _local_state_stores()):
                     self.store.forget(combo_id)
             for name, provider in old.providers.items():
                 new = snapshot.providers.get(name)
@@ -378,6 +374,13 @@ def transition_text(snapshot: ConfigSnapshot | None, provider: str, transition: 
                     fallback = others[0]
                     break
     return transition_message(transition, primary=provider, fallback=fallback or "the next target")
+
+
+def _local_state_stores() -> tuple[type[MemoryStateStore | GuardedStateStore], ...]:
+    """The stores that keep this worker's own copy of the combo states (`apply` resets it):
+    in memory, and the Redis guard's copy when the guard is loaded at all."""
+    guard = sys.modules.get("ocxsite.redis_guard")
+    return (MemoryStateStore,) if guard is None else (MemoryStateStore, guard.GuardedStateStore)
 
 
 def _quota_store(breaker: RedisBreaker | None) -> JsonStore:

@@ -4,7 +4,7 @@ A token is Fernet's (https://github.com/fernet/spec): version 0x80, a timestamp,
 AES-128-CBC of the PKCS#7-padded secret, and an HMAC-SHA256 over all of it, base64url. It is
 built here from pycryptodomex's AES and the standard library's HMAC instead of
 `cryptography.fernet`: importing `cryptography` loads its Rust bindings and the OpenSSL they
-carry, 8-9 MB of every worker's memory for one cipher (bench/README.md, seventh run). The
+carry, 7 MB of every worker's memory for one cipher (bench/README.md, seventh run). The
 tokens are the same both ways: keys sealed by earlier versions open, and the other way round
 (tests/providers/test_sealing.py checks against `cryptography.fernet`).
 """
@@ -16,11 +16,31 @@ import binascii
 import hashlib
 import hmac
 import os
+import sys
 import time
+from typing import Any
 
-from Cryptodome.Cipher import AES
-from Cryptodome.Util.Padding import pad, unpad
 from django.conf import settings
+
+
+def _import_aes() -> tuple[Any, Any, Any]:
+    """pycryptodomex binds its C code with cffi when cffi is installed (Twisted brings it), and
+    cffi then parses C declarations with pycparser at import: 2 MB more in every worker than
+    its ctypes binding, which it uses wherever cffi is missing and which calls the same C code
+    (ctypes is loaded in a worker anyway). So cffi is hidden for this one import."""
+    hidden = "cffi" not in sys.modules
+    if hidden:
+        sys.modules["cffi"] = None  # type: ignore[assignment]
+    try:
+        from Cryptodome.Cipher import AES
+        from Cryptodome.Util.Padding import pad, unpad
+    finally:
+        if hidden and "cffi" in sys.modules and sys.modules["cffi"] is None:
+            del sys.modules["cffi"]
+    return AES, pad, unpad
+
+
+AES, pad, unpad = _import_aes()
 
 VERSION = 0x80
 _HEAD = 1 + 8 + 16  # version, timestamp, IV

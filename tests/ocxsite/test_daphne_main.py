@@ -92,6 +92,7 @@ def test_twisted_formats_no_access_log_line(monkeypatch: pytest.MonkeyPatch) -> 
     ):
         monkeypatch.setattr(cls, name, getattr(cls, name))
     daphne_main.install()
+    assert Server.create_application is daphne_main._create_application_reaped
     factory = http_protocol.HTTPFactory(server=None)
     factory._logFile = written = io.StringIO()  # where Twisted would write the line
     channel = http.HTTPChannel()

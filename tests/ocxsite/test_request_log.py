@@ -495,3 +495,27 @@ def test_request_ids_are_uuid7_in_time_order() -> None:
     assert int(ids[0][:12], 16) == t // 1_000_000
     same_ms = {new_request_id(t) for _ in range(1000)}
     assert len(same_ms) == 1000  # 74 random bits within a millisecond
+
+
+async def test_batch_writer_with_a_queue_smaller_than_a_batch_writes_when_it_is_full() -> None:
+    # It waited for a whole batch the queue could never hold, and dropped what came meanwhile.
+    from ocxsite.background import BatchWriter
+
+    written: list[list[int]] = []
+    writer: BatchWriter[int] = BatchWriter("test", written.append, maxsize=10, batch=200)
+    writer.flush_s = 30.0
+    try:
+        for i in range(25):
+            accepted = writer.submit(i)
+            assert accepted, i  # the writer takes the queue whenever it fills
+            for _ in range(5):
+                await asyncio.sleep(0)
+        async with asyncio.timeout(5):
+            while writer.queue.qsize() < 10:
+                assert writer.submit(-1)
+                await asyncio.sleep(0)
+    finally:
+        assert writer._task is not None
+        writer._task.cancel()
+        await asyncio.gather(writer._task, return_exceptions=True)
+    assert writer.dropped == 0

@@ -69,3 +69,27 @@ def test_a_signed_token_with_bad_padding_opens_nothing() -> None:
     assert unseal(base64.urlsafe_b64encode(body + mac).decode()) is None
     truncated = base64.urlsafe_b64decode(seal(SECRET))
     assert unseal(base64.urlsafe_b64encode(truncated[:-33] + truncated[-32:]).decode()) is None
+
+
+def test_sealing_loads_neither_cryptography_nor_cffi_and_cffi_still_imports() -> None:
+    # cryptography's bindings cost a worker 8-9 MB, pycryptodomex's cffi binding 2 MB more
+    # than its ctypes one (cffi parses C declarations with pycparser at import).
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys, django; django.setup(); "
+        "from providers.sealing import seal, unseal; assert unseal(seal('sk-x')) == 'sk-x'; "
+        "import Cryptodome.Util._raw_api as raw; "
+        "lean = ('pycparser', 'cffi', 'cryptography.hazmat.bindings._rust'); "
+        "loaded = sorted(m for m in lean if m in sys.modules); import cffi; "
+        "print(json.dumps([raw.backend, loaded]))"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "ocxsite.settings"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["ctypes", []]
