@@ -1,0 +1,94 @@
+"""CPU of one Redis round trip on the request path, layer by layer, in one process.
+
+    python bench/redis_roundtrip.py [--url redis://127.0.0.1:6379/12] [--n 5000]
+
+Sequential calls (as at c=1) against a real Redis: the bare client (`quota.resp`), then the
+breaker's bound (`ocxsite.redis_guard`), the routing state's compare-and-set check (a healthy
+pick), the guarded store around it, and the quota gate's read. CPU (user+sys of this process)
+and wall time per call: what a request pays for each round trip it makes, and how much of it
+is the round trip itself (a PING) rather than ocx's code around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cpu() -> tuple[float, float]:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime, r.ru_stime
+
+
+async def measure(name: str, op: Callable[[], Awaitable[Any]], n: int) -> None:
+    for _ in range(200):
+        await op()
+    (u0, s0), w0 = cpu(), time.perf_counter()
+    for _ in range(n):
+        await op()
+    (u1, s1), w1 = cpu(), time.perf_counter()
+    us = 1e6 / n
+    print(
+        f"{name:40s} {(u1 - u0 + s1 - s0) * us:6.1f} µs CPU ({(u1 - u0) * us:5.1f} user, "
+        f"{(s1 - s0) * us:5.1f} sys)  {(w1 - w0) * us:6.1f} µs wall"
+    )
+
+
+async def run(url: str, n: int) -> None:
+    from ocxsite.redis_guard import GuardedJsonStore, GuardedStateStore, RedisBreaker
+    from ocxsite.redis_state import RedisStateStore
+    from quota.redis_store import RedisJsonStore
+    from quota.resp import RespClient
+    from quota.tracker import QuotaTracker
+
+    prefix = f"ocxrt{os.getpid()}"
+    client = RespClient(url)
+    await measure("PING (the round trip itself)", client.ping, n)
+    await measure("GET", lambda: client.get(f"{prefix}:none"), n)
+    breaker = RedisBreaker(url, timeout_s=0.05)
+    await measure("GET under the breaker", lambda: breaker.call(lambda: client.get("x")), n)
+    state = RedisStateStore(url, prefix)
+
+    def keep(s: Any) -> tuple[Any, None]:
+        return s, None
+
+    await measure("routing state check (healthy pick)", lambda: state.update("c", keep), n)
+    guarded = GuardedStateStore(state, breaker)
+    await measure("  the same, guarded", lambda: guarded.update("c", keep), n)
+    tracker = QuotaTracker(GuardedJsonStore(RedisJsonStore(url, prefix), breaker))
+    pairs = [("p", "k1")]
+    await measure(
+        "quota gate, one credential, guarded",
+        lambda: tracker.gate(pairs, now=int(time.time() * 1000), shared=True),
+        n,
+    )
+    await client.aclose()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/12"))
+    p.add_argument("--n", type=int, default=5000)
+    args = p.parse_args()
+    os.environ.setdefault("OCX_DATA_DIR", tempfile.mkdtemp(prefix="ocx-rt-bench-"))
+    os.environ["REDIS_URL"] = args.url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ocxsite.settings")
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    asyncio.run(run(args.url, args.n))
+
+
+if __name__ == "__main__":
+    main()
