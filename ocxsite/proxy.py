@@ -479,9 +479,17 @@ class ProxyApp:
             )
         caller = Caller(headers=_caller_headers(headers), request_id=exchange.request_id)
         pairs = {t.key: _credential_pair(snapshot, t, caller) for t in combo.targets}
+        # With Redis the combo's routing state comes in the quota read's round trip: a pick
+        # decided on it that writes nothing (a healthy one) needs no check of its own.
+        along = runtime.state_along(combo.id)
         gate = await runtime.tracker.gate(
-            (p for p in pairs.values() if p is not None), now=_now_ms(), shared=runtime.shared
+            (p for p in pairs.values() if p is not None),
+            now=_now_ms(),
+            shared=runtime.shared,
+            along=along,
         )
+        if gate.along:
+            runtime.prime_state(combo.id, gate.along[0])
         encrypted_only = encrypted_task_predicate(snapshot.providers) if encrypted else None
         compat: set[str] = set()
         used: set[tuple[str, str]] = set()

@@ -246,6 +246,14 @@ class GuardedStateStore:
         self._dirty.discard(combo_id)
         await self.breaker.call(lambda: self.shared.clear(combo_id))
 
+    def shared_key(self, combo_id: str) -> str:
+        """The combo's Redis name, for a read made along with the quota gate's."""
+        return self.shared.key(combo_id)
+
+    def prime(self, combo_id: str, raw: bytes | None) -> None:
+        """The combo's value read along with the quota gate's (`RedisCas.prime`)."""
+        self.shared.prime(combo_id, raw)
+
     def forget(self, combo_id: str) -> None:
         """The combo's definition changed: the write path resets the shared key."""
         self.local.forget(combo_id)
@@ -287,13 +295,21 @@ class GuardedJsonStore:
         breaker.on_recover(self.resync, lambda: bool(self._dirty))
 
     async def get_many(self, keys: list[str]) -> list[dict[str, Any] | None]:
-        ok, values = await self.breaker.call(lambda: self.shared.get_many(keys))
+        return (await self.get_many_along(keys, ()))[0]
+
+    async def get_many_along(
+        self, keys: list[str], along: Sequence[str]
+    ) -> tuple[list[dict[str, Any] | None], list[bytes | None] | None]:
+        """`get_many`, and the raw values of the Redis names `along` in the same round trip
+        (None while Redis is out: this worker's copies are read instead)."""
+        ok, got = await self.breaker.call(lambda: self.shared.get_many_along(keys, along))
         if ok:
-            assert values is not None
+            assert got is not None
+            values, raws = got
             for key, value in zip(keys, values, strict=True):
                 self._seed(key, value)
-            return values
-        return await self.local.get_many(keys)
+            return values, raws
+        return await self.local.get_many(keys), None
 
     async def update(self, key: str, fn: Update[T]) -> T:
         written: list[dict[str, Any] | None] = []

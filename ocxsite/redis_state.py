@@ -65,6 +65,10 @@ class RedisStateStore:
         self._cas.note(self.key(combo_id), raw)
         return _decode(combo_id, raw)
 
+    def prime(self, combo_id: str, raw: bytes | None) -> None:
+        """The combo's value as this request just read it (`RedisCas.prime`)."""
+        self._cas.prime(self.key(combo_id), raw)
+
     async def update(self, combo_id: str, fn: Callable[[ComboState], tuple[ComboState, T]]) -> T:
         def step(raw: bytes | None) -> tuple[str | None, T]:
             state = _decode(combo_id, raw)

@@ -21,7 +21,7 @@ import random
 import sys
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -126,6 +126,18 @@ class Runtime:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.listener: confignotify.Listener | None = None
         self._refresh_lock = asyncio.Lock()
+
+    def state_along(self, combo_id: str) -> tuple[str, ...]:
+        """The Redis name of the combo's routing state when it lives in Redis: the quota gate
+        reads it in its own round trip (`QuotaTracker.gate(along=…)`), so that a pick that
+        writes nothing needs no check of its own (`prime_state`)."""
+        guarded = _guarded_state(self.store)
+        return () if guarded is None else (guarded.shared_key(combo_id),)
+
+    def prime_state(self, combo_id: str, raw: bytes | None) -> None:
+        guarded = _guarded_state(self.store)
+        if guarded is not None:
+            guarded.prime(combo_id, raw)
 
     async def ready(self) -> ConfigSnapshot:
         snapshot = self.snapshot
@@ -374,6 +386,14 @@ def transition_text(snapshot: ConfigSnapshot | None, provider: str, transition: 
                     fallback = others[0]
                     break
     return transition_message(transition, primary=provider, fallback=fallback or "the next target")
+
+
+def _guarded_state(store: StateStore) -> GuardedStateStore | None:
+    """The store as the Redis guard's, when it is one (the guard loads only with Redis)."""
+    guard = sys.modules.get("ocxsite.redis_guard")
+    if guard is not None and isinstance(store, guard.GuardedStateStore):
+        return cast("GuardedStateStore", store)
+    return None
 
 
 def _local_state_stores() -> tuple[type[MemoryStateStore | GuardedStateStore], ...]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from quota.resp import RespClient
@@ -32,6 +33,10 @@ end
 return {1}
 """
 _UNSEEN = object()
+# A value read from Redis in this request (this task's context) for an update later in it.
+_PRIMED: ContextVar[tuple[str, bytes | None, object] | None] = ContextVar(
+    "ocx_primed", default=None
+)
 
 
 class RedisCas:
@@ -58,6 +63,14 @@ class RedisCas:
             self._seen.clear()  # only guesses: losing them costs one GET each
         self._seen[key] = raw
 
+    def prime(self, key: str, raw: bytes | None) -> None:
+        """A value this request just read from Redis (in the same round trip as another read),
+        for its next update of the key: a step on it that writes nothing needs no check, since
+        the read is as fresh as the check would be. Only for the calling task (a context
+        variable), and only while this worker has not written the key since."""
+        self.note(key, raw)
+        _PRIMED.set((key, raw, asyncio.current_task()))
+
     async def update(
         self, key: str, fn: Callable[[bytes | None], tuple[str | None, T]], *, ttl_ms: int
     ) -> T:
@@ -72,7 +85,19 @@ class RedisCas:
             lock = self._locks[key] = asyncio.Lock()
         guess = self._seen.get(key, _UNSEEN)
         decided: tuple[bytes | None, str | None, T] | None = None
-        if guess is not _UNSEEN and not lock.locked():
+        primed = _PRIMED.get()
+        fresh: object = _UNSEEN
+        if primed is not None and primed[0] == key and primed[2] is asyncio.current_task():
+            _PRIMED.set(None)  # one update decides on it, the request's next ones check
+            fresh = primed[1]
+        if fresh is not _UNSEEN and fresh is guess and not lock.locked():
+            # Read in this request, and no write of this worker since: decided on it.
+            assert guess is None or isinstance(guess, bytes)
+            new, result = fn(guess)
+            if (new or "").encode() == (b"" if guess is None else guess):
+                return result
+            decided = (guess, new, result)  # a write: checked under the lock as any other
+        elif guess is not _UNSEEN and not lock.locked():
             # A step that writes nothing (a healthy pick: no rotation, no probe, no cooldown)
             # only checks that the key still holds the value it was decided on. Checks cannot
             # conflict with each other, so they need not queue behind this worker's other
@@ -138,13 +163,20 @@ class RedisJsonStore:
         return value if isinstance(value, dict) else None
 
     async def get_many(self, keys: list[str]) -> list[dict[str, Any] | None]:
-        if not keys:
-            return []
+        return (await self.get_many_along(keys, ()))[0]
+
+    async def get_many_along(
+        self, keys: list[str], along: Sequence[str]
+    ) -> tuple[list[dict[str, Any] | None], list[bytes | None]]:
+        """`get_many`, and the raw values of the Redis names `along` in the same `MGET` (what
+        another store of the request reads, one round trip for both)."""
+        if not keys and not along:
+            return [], []
         names = [self._k(k) for k in keys]
-        raws = await self._redis.mget(names)
-        for name, raw in zip(names, raws, strict=True):
+        raws = await self._redis.mget(names + list(along))
+        for name, raw in zip(names, raws, strict=False):
             self._cas.note(name, raw)
-        return [self._decode(r) for r in raws]
+        return [self._decode(r) for r in raws[: len(names)]], raws[len(names) :]
 
     async def update(self, key: str, fn: Update[T]) -> T:
         def step(raw: bytes | None) -> tuple[str | None, T]:

@@ -9,7 +9,7 @@ into stored events, logs and WebSocket pushes off the hot path. No Django here.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -93,6 +93,8 @@ class Gate:
     verdicts: dict[Pair, Verdict] = field(default_factory=dict)
     probes: set[Pair] = field(default_factory=set)
     resets: dict[Pair, int | None] = field(default_factory=dict)
+    # The raw values of the names read along (`gate(along=…)`), or None when not read.
+    along: list[bytes | None] | None = None
 
     def reason(self, pair: Pair | None) -> str | None:
         if pair is None:
@@ -117,17 +119,26 @@ class QuotaTracker:
         # Credentials this process has seen with quota data; with none, the gate costs nothing.
         self.known: set[Pair] = set()
 
-    async def gate(self, pairs: Iterable[Pair], *, now: int, shared: bool) -> Gate:
+    async def gate(
+        self, pairs: Iterable[Pair], *, now: int, shared: bool, along: Sequence[str] = ()
+    ) -> Gate:
         """Read the credentials of one request's candidate targets and take probe leases.
 
-        `shared` (a Redis store) always reads, since another worker may have seen the limit."""
+        `shared` (a Redis store) always reads, since another worker may have seen the limit.
+        `along`: Redis names another store of the request reads, fetched in the same round
+        trip when the store can (`get_many_along`); their values land in `Gate.along`."""
         gate = Gate()
         wanted = sorted(set(pairs))
         if not shared:
             wanted = [p for p in wanted if p in self.known]
         if not wanted:
             return gate
-        raws = await self.store.get_many([_key(p) for p in wanted])
+        keys = [_key(p) for p in wanted]
+        read_along = getattr(self.store, "get_many_along", None) if along else None
+        if read_along is not None:
+            raws, gate.along = await read_along(keys, along)
+        else:
+            raws = await self.store.get_many(keys)
         for pair, raw in zip(wanted, raws, strict=True):
             if raw is None:
                 continue

@@ -348,3 +348,77 @@ def test_a_check_on_a_stale_guess_is_decided_again_on_the_value_redis_holds() ->
             await other.aclose()
 
     run(body)
+
+
+def test_a_pick_on_the_state_read_along_with_the_quota_gate_needs_no_check() -> None:
+    """The quota gate's `MGET` carries the combo's routing state: a pick decided on it that
+    writes nothing sends nothing more; one that writes is checked as ever; a value this
+    worker wrote over since, or one read by another request, is not decided on."""
+    from ocxsite.redis_guard import GuardedJsonStore, GuardedStateStore, RedisBreaker
+    from quota.redis_store import RedisJsonStore
+    from quota.tracker import QuotaTracker
+
+    async def body(prefix: str) -> None:
+        breaker = RedisBreaker(REDIS_URL or "", timeout_s=1.0)
+        state = GuardedStateStore(RedisStateStore(REDIS_URL or "", prefix), breaker)
+        quota = RedisJsonStore(REDIS_URL or "", prefix)
+        tracker = QuotaTracker(GuardedJsonStore(quota, breaker))
+        sent: list[str] = []
+        for client in (state.shared._redis, quota._redis):
+            real = client.execute
+
+            async def counted(*args: Any, real: Any = real) -> Any:
+                sent.append(" ".join(str(a) for a in args[:1]))
+                return await real(*args)
+
+            client.execute = counted  # type: ignore[method-assign]
+
+        def keep(s: ComboState) -> tuple[ComboState, str]:
+            return s, "kept"
+
+        def bump(s: ComboState) -> tuple[ComboState, int]:
+            new = note_success(s, AB, A)
+            return new, new.success_counts[A]
+
+        async def gate_and(step: Callable[[ComboState], tuple[ComboState, Any]]) -> Any:
+            gate = await tracker.gate(
+                [("pa", "k")], now=0, shared=True, along=(state.shared_key("main"),)
+            )
+            assert gate.along is not None
+            state.prime("main", gate.along[0])
+            return await state.update("main", step)
+
+        try:
+            await state.update("main", bump)  # a value to read
+            sent.clear()
+            assert await gate_and(keep) == "kept"
+            assert sent == ["MGET"]  # one round trip: the quota gate's, with the state in it
+            sent.clear()
+            assert await gate_and(bump) == 2
+            assert sent == ["MGET", "EVALSHA"]  # a write is compare-and-set as ever
+            sent.clear()
+            assert await state.update("main", keep) == "kept"
+            assert sent == ["EVALSHA"]  # nothing read along: the guess is checked
+
+            # Read along, then another request of this worker writes the key before the pick:
+            # the pick is checked, not decided on the older value.
+            state.prime("main", (await quota._redis.mget([state.shared_key("main")]))[0])
+            await asyncio.get_running_loop().create_task(state.update("main", bump))
+            sent.clear()
+            assert await state.update("main", keep) == "kept"
+            assert sent == ["EVALSHA"]
+
+            # Primed in one request (task) only: another request checks its own guess.
+            async def prime_only() -> None:
+                state.prime("main", (await quota._redis.mget([state.shared_key("main")]))[0])
+
+            await asyncio.get_running_loop().create_task(prime_only())
+            sent.clear()
+            assert await state.update("main", keep) == "kept"
+            assert sent == ["EVALSHA"]
+
+        finally:
+            await state.shared.aclose()
+            await quota._redis.aclose()
+
+    run(body)
