@@ -481,7 +481,7 @@ class ProxyApp:
         pairs = {t.key: _credential_pair(snapshot, t, caller) for t in combo.targets}
         # With Redis the combo's routing state comes in the quota read's round trip: a pick
         # decided on it that writes nothing (a healthy one) needs no check of its own.
-        along = runtime.state_along(combo.id)
+        along = runtime.state_along(combo.id) if combo.id else ()
         gate = await runtime.tracker.gate(
             (p for p in pairs.values() if p is not None),
             now=_now_ms(),

@@ -32,7 +32,7 @@ from combos.engine.state import ComboState, MemoryStateStore, merge
 from ocxsite.ratelimit import MemoryLimiter, RedisLimiter
 from ocxsite.recall_store import MemoryRecall, RedisRecall
 from ocxsite.redis_state import RedisStateStore
-from quota.redis_store import RedisJsonStore
+from quota.redis_store import RedisJsonStore, unprime
 from quota.resp import RespClient
 from quota.tracker import MemoryJsonStore, Update, merge_records
 
@@ -238,6 +238,7 @@ class GuardedStateStore:
         if ok:
             self.local.seed(combo_id, written[-1])
             return result  # type: ignore[return-value]
+        unprime()  # a later update of this request must not decide on it unchecked
         self._dirty.add(combo_id)
         return await self.local.update(combo_id, fn)
 

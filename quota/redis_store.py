@@ -65,11 +65,21 @@ class RedisCas:
 
     def prime(self, key: str, raw: bytes | None) -> None:
         """A value this request just read from Redis (in the same round trip as another read),
-        for its next update of the key: a step on it that writes nothing needs no check, since
-        the read is as fresh as the check would be. Only for the calling task (a context
-        variable), and only while this worker has not written the key since."""
-        self.note(key, raw)
-        _PRIMED.set((key, raw, asyncio.current_task()))
+        for its next update of the key: a step on it that writes nothing needs no check of its
+        own. Only when it is what this worker already holds for the key and no write of the
+        key is under way here: a reply to this worker's own write can arrive between Redis
+        running the read and this call, so a different value may be the older one. Only for
+        the calling task (a context variable and the task), and only until this worker writes
+        the key (`update` compares identity with what it holds then)."""
+        lock = self._locks.get(key)
+        if lock is not None and lock.locked():
+            return
+        seen = self._seen.get(key, _UNSEEN)
+        if seen is _UNSEEN:
+            self.note(key, raw)  # a first guess, checked as any other
+            return
+        if seen == raw:
+            _PRIMED.set((key, seen, asyncio.current_task()))
 
     async def update(
         self, key: str, fn: Callable[[bytes | None], tuple[str | None, T]], *, ttl_ms: int
@@ -137,6 +147,11 @@ class RedisCas:
                 raw = reply[1] or None  # the value Redis holds (bytes: resp never decodes)
                 self._seen[key] = raw
         raise ConflictError(f"{key} is too contended")
+
+
+def unprime() -> None:
+    """Forget this request's primed value (its pick was made elsewhere: Redis was out)."""
+    _PRIMED.set(None)
 
 
 class ConflictError(RuntimeError):

@@ -148,8 +148,12 @@ class QuotaTracker:
             gate.resets[pair] = qw.soonest_reset(record.windows, now=now)
             verdict: Verdict = qw.eligibility(record.state, now=now)
             gate.verdicts[pair] = verdict
-            if verdict == "probe" and await self._acquire(pair, now=now):
-                gate.probes.add(pair)
+            if verdict == "probe":
+                # A lease is a round trip after the read: what was read along is older by
+                # then than a check at the pick would be, so it is not offered.
+                gate.along = None
+                if await self._acquire(pair, now=now):
+                    gate.probes.add(pair)
         return gate
 
     async def _acquire(self, pair: Pair, *, now: int) -> bool:

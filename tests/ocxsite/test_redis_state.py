@@ -408,7 +408,18 @@ def test_a_pick_on_the_state_read_along_with_the_quota_gate_needs_no_check() -> 
             assert await state.update("main", keep) == "kept"
             assert sent == ["EVALSHA"]
 
-            # Primed in one request (task) only: another request checks its own guess.
+            # This worker's write lands between Redis running the read and the prime (another
+            # connection's reply came first): the value read is older than the one held, so
+            # nothing is primed and the pick is checked.
+            older = (await quota._redis.mget([state.shared_key("main")]))[0]
+            await state.update("main", bump)
+            state.prime("main", older)
+            sent.clear()
+            assert await state.update("main", keep) == "kept"
+            assert sent == ["EVALSHA"]
+
+            # Primed in one request (task) only: another request, a task the primed one
+            # started included, checks its own guess; the primed request still decides alone.
             async def prime_only() -> None:
                 state.prime("main", (await quota._redis.mget([state.shared_key("main")]))[0])
 
@@ -416,7 +427,23 @@ def test_a_pick_on_the_state_read_along_with_the_quota_gate_needs_no_check() -> 
             sent.clear()
             assert await state.update("main", keep) == "kept"
             assert sent == ["EVALSHA"]
+            state.prime("main", (await quota._redis.mget([state.shared_key("main")]))[0])
+            sent.clear()
+            child = asyncio.get_running_loop().create_task(state.update("main", keep))
+            assert await child == "kept"
+            assert sent == ["EVALSHA"]
+            sent.clear()
+            assert await state.update("main", keep) == "kept"
+            assert sent == []
 
+            # Redis out at the pick: the prime is dropped, a later step of the request checks.
+            state.prime("main", (await quota._redis.mget([state.shared_key("main")]))[0])
+            breaker.trip(ConnectionError("test"))
+            assert await state.update("main", keep) == "kept"  # on the worker's own copy
+            breaker.degraded_since = None
+            sent.clear()
+            assert await state.update("main", keep) == "kept"
+            assert sent == ["EVALSHA"]
         finally:
             await state.shared.aclose()
             await quota._redis.aclose()

@@ -48,3 +48,35 @@ def test_unshared_tracker_skips_credentials_it_never_saw() -> None:
         assert await tracker.records() == {}
 
     asyncio.run(run())
+
+
+class AlongStore(MemoryJsonStore):
+    """A store that reads other names along (as `RedisJsonStore` does), in memory."""
+
+    def __init__(self, raw: dict[str, bytes | None]) -> None:
+        super().__init__()
+        self.raw = raw
+        self.reads: list[tuple[list[str], list[str]]] = []
+
+    async def get_many_along(
+        self, keys: list[str], along: list[str]
+    ) -> tuple[list[dict[str, object] | None], list[bytes | None]]:
+        self.reads.append((keys, list(along)))
+        return await self.get_many(keys), [self.raw.get(name) for name in along]
+
+
+def test_the_gate_reads_along_in_its_read_and_not_past_a_probe_lease() -> None:
+    async def run() -> None:
+        store = AlongStore({"ocx:combo:main": b'{"v":1}'})
+        tracker = QuotaTracker(store)
+        t = 1_000_000
+        gate = await tracker.gate([PAIR], now=t, shared=True, along=["ocx:combo:main"])
+        assert gate.along == [b'{"v":1}']
+        assert store.reads == [(["quota:primary:fp1"], ["ocx:combo:main"])]
+        assert (await tracker.gate([PAIR], now=t, shared=True)).along is None  # nothing asked
+        # A probe lease is a round trip after the read: what was read along is not offered.
+        await tracker.ingest(PAIR, [_limit_window(t, 1000)], outcome="failure", now=t)
+        gate = await tracker.gate([PAIR], now=t + 1000, shared=True, along=["ocx:combo:main"])
+        assert PAIR in gate.probes and gate.along is None
+
+    asyncio.run(run())
