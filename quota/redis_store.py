@@ -80,6 +80,8 @@ class RedisCas:
             return
         if seen == raw:
             _PRIMED.set((key, seen, asyncio.current_task()))
+        else:
+            self.note(key, raw)  # most likely another worker's write: the next guess, checked
 
     async def update(
         self, key: str, fn: Callable[[bytes | None], tuple[str | None, T]], *, ttl_ms: int

@@ -361,6 +361,7 @@ def test_a_pick_on_the_state_read_along_with_the_quota_gate_needs_no_check() -> 
     async def body(prefix: str) -> None:
         breaker = RedisBreaker(REDIS_URL or "", timeout_s=1.0)
         state = GuardedStateStore(RedisStateStore(REDIS_URL or "", prefix), breaker)
+        other = RedisStateStore(REDIS_URL or "", prefix)  # another worker
         quota = RedisJsonStore(REDIS_URL or "", prefix)
         tracker = QuotaTracker(GuardedJsonStore(quota, breaker))
         sent: list[str] = []
@@ -409,11 +410,19 @@ def test_a_pick_on_the_state_read_along_with_the_quota_gate_needs_no_check() -> 
             assert sent == ["EVALSHA"]
 
             # This worker's write lands between Redis running the read and the prime (another
-            # connection's reply came first): the value read is older than the one held, so
-            # nothing is primed and the pick is checked.
+            # connection's reply came first): the value read differs from the one held, so
+            # nothing is primed and the pick is checked (on the value read, as the likelier
+            # newer one: here it is the older, so the check corrects it once).
             older = (await quota._redis.mget([state.shared_key("main")]))[0]
             await state.update("main", bump)
             state.prime("main", older)
+            sent.clear()
+            assert await state.update("main", keep) == "kept"
+            assert sent == ["EVALSHA", "EVALSHA"]
+            # Another worker wrote since this one looked: the value read is the next guess,
+            # and one check confirms it.
+            await other.update("main", bump)
+            state.prime("main", (await quota._redis.mget([state.shared_key("main")]))[0])
             sent.clear()
             assert await state.update("main", keep) == "kept"
             assert sent == ["EVALSHA"]
@@ -446,6 +455,7 @@ def test_a_pick_on_the_state_read_along_with_the_quota_gate_needs_no_check() -> 
             assert sent == ["EVALSHA"]
         finally:
             await state.shared.aclose()
+            await other.aclose()
             await quota._redis.aclose()
 
     run(body)
