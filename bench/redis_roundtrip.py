@@ -72,6 +72,27 @@ async def run(url: str, n: int) -> None:
         lambda: tracker.gate(pairs, now=int(time.time() * 1000), shared=True),
         n,
     )
+    # A key and a user token budget, as ocx-full has (`bench/run.py`): admission, then charge.
+    from ocxsite.budget_gate import BudgetGate
+    from ocxsite.budget_store import RedisBudgetStore
+    from ocxsite.budgets import ScopedBudget, TokenBudget
+    from ocxsite.redis_guard import GuardedBudgetStore
+
+    gate = BudgetGate(
+        GuardedBudgetStore(RedisBudgetStore(url), breaker, 1), prefix=prefix, tz="UTC"
+    )
+    budget = TokenBudget(tokens=10**15, period="day")
+    budgets = (
+        ScopedBudget(kind="key", scope="k1", owner="key k", budget=budget),
+        ScopedBudget(kind="user", scope="u1", owner="user u", budget=budget),
+    )
+    now = lambda: int(time.time() * 1000)  # noqa: E731
+    await measure("budget admission, two budgets, guarded", lambda: gate.admit(budgets, now()), n)
+    await measure(
+        "budget charge, two budgets, guarded",
+        lambda: gate.charge(budgets, tokens=30, served=None, now_ms=now()),
+        n,
+    )
     await client.aclose()
 
 

@@ -1,11 +1,12 @@
 """Budget enforcement on the proxy path (PRODUCT §9.5).
 
 `admit` runs before routing: one read of every counter the key's budgets use (one Redis round
-trip), no ORM; a used-up budget refuses the request. `charge` runs at request end, before the
-last byte reaches the client (so a client's next request already sees it): the request's
-tokens go to its token budgets, and each rise of a served answer's quota-window used-percent
-goes to its window budgets. A request already running is never cut, so concurrent requests
-admitted together can take a budget past its limit by what they use.
+trip), no ORM; a used-up budget refuses the request. With Redis and token budgets only, that
+read rides in the quota gate's round trip instead (`along`, then `admit_read`). `charge` runs
+at request end, before the last byte reaches the client (so a client's next request already
+sees it): the request's tokens go to its token budgets, and each rise of a served answer's
+quota-window used-percent goes to its window budgets. A request already running is never cut,
+so concurrent requests admitted together can take a budget past its limit by what they use.
 
 Crossing 80 % and 100 % of a budget hands one event to `on_event`: counters only grow within
 a period, so exactly one request (on one worker) crosses each threshold once per period.
@@ -119,6 +120,10 @@ class BudgetGate:
         label, _, end = self._period(budget.period, now_ms)
         return f"{self.prefix}:budget:{sb.scope}:tokens:{budget.period}:{label}", end
 
+    def _token_name(self, sb: ScopedBudget, now_ms: int) -> str:
+        assert isinstance(sb.budget, TokenBudget)
+        return self._counter(sb, sb.budget, now_ms)[0]
+
     def _hash(self, sb: ScopedBudget, budget: WindowBudget) -> str:
         return f"{self.prefix}:budget:{sb.scope}:window:{budget.provider}"
 
@@ -136,22 +141,40 @@ class BudgetGate:
             self._providers_of = keys
         return self._providers
 
+    def along(self, budgets: Sequence[ScopedBudget], now_ms: int) -> list[str] | None:
+        """The Redis names of the budgets' counters when another read of the request can fetch
+        them in its own round trip (`admit_read`): token budgets only (window budgets are
+        hashes) and a store that keeps them in Redis (`note_read`). None: `admit` reads them."""
+        if not budgets or getattr(self.store, "note_read", None) is None:
+            return None
+        names = []
+        for sb in budgets:
+            if not isinstance(sb.budget, TokenBudget):
+                return None
+            names.append(self._token_name(sb, now_ms))
+        return names
+
+    def admit_read(
+        self, budgets: Sequence[ScopedBudget], raws: Sequence[bytes | None], now_ms: int
+    ) -> Refusal | None:
+        """`admit` on the counters read along (`along(budgets, now_ms)`, in its order)."""
+        names = self.along(budgets, now_ms)
+        assert names is not None and len(names) == len(raws)
+        values = [int(raw) if raw is not None else 0 for raw in raws]
+        self.store.note_read(names, values)  # type: ignore[attr-defined]
+        refusals = self._token_refusals(budgets, values, now_ms)
+        return max(refusals, key=lambda r: r.reset_ms) if refusals else None
+
     async def admit(self, budgets: Sequence[ScopedBudget], now_ms: int) -> Refusal | None:
         """The used-up budget with the latest reset (the request is refused until then)."""
-        tokens: list[tuple[ScopedBudget, TokenBudget, str, int]] = []
-        windows: list[tuple[ScopedBudget, WindowBudget]] = []
-        for sb in budgets:
-            if isinstance(sb.budget, TokenBudget):
-                tokens.append((sb, sb.budget, *self._counter(sb, sb.budget, now_ms)))
-            else:
-                windows.append((sb, sb.budget))
+        tokens = [sb for sb in budgets if isinstance(sb.budget, TokenBudget)]
+        windows = [(sb, sb.budget) for sb in budgets if isinstance(sb.budget, WindowBudget)]
         values, maps = await self.store.read(
-            [name for *_, name, _ in tokens], [self._hash(sb, b) for sb, b in windows], now_ms
+            [self._token_name(sb, now_ms) for sb in tokens],
+            [self._hash(sb, b) for sb, b in windows],
+            now_ms,
         )
-        refusals: list[Refusal] = []
-        for (sb, tb, _, end), used in zip(tokens, values, strict=True):
-            if used >= tb.tokens:
-                refusals.append(Refusal(sb, tb.tokens, used, end, tz=self.tz_name))
+        refusals = self._token_refusals(tokens, values, now_ms)
         for (sb, wb), data in zip(windows, maps, strict=True):
             for field, value in data.items():
                 reset = data.get(field + "|r")
@@ -163,6 +186,18 @@ class BudgetGate:
                         Refusal(sb, wb.percent, float(value), int(reset), window, self.tz_name)
                     )
         return max(refusals, key=lambda r: r.reset_ms) if refusals else None
+
+    def _token_refusals(
+        self, tokens: Sequence[ScopedBudget], values: Sequence[int], now_ms: int
+    ) -> list[Refusal]:
+        refusals = []
+        for sb, used in zip(tokens, values, strict=True):
+            tb = sb.budget
+            assert isinstance(tb, TokenBudget)
+            if used >= tb.tokens:
+                end = self._period(tb.period, now_ms)[2]
+                refusals.append(Refusal(sb, tb.tokens, used, end, tz=self.tz_name))
+        return refusals
 
     async def charge(
         self,

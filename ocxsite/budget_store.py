@@ -11,7 +11,8 @@ Two shapes, the same in both stores:
 
 `attribute` also keeps the last used-percent seen per (provider, credential, window), shared by
 all keys, so a rise is counted once, against the request whose answer reported it. Admission
-reads all of one request's counters in one round trip (`read`).
+reads all of one request's counters in one round trip (`read`); with token budgets only, the
+quota gate's `MGET` reads them instead (`BudgetGate.along`).
 """
 
 from __future__ import annotations

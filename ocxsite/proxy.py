@@ -322,9 +322,8 @@ class ProxyApp:
         key = self._authenticate(headers)
         entry = exchange.entry
         entry.key_prefix, entry.user, entry.key_id = key.prefix, key.user, key.id
-        if key.rpm_limit is not None or key.budgets:
-            await self._admit(key, exchange)
-        exchange.key = key
+        if key.rpm_limit is not None:
+            await self._limit(key)
         body = await _read_body(receive, settings.OCX_PROXY_MAX_BODY)
         request = _parse_json(body)
         model = request.get("model")
@@ -360,21 +359,10 @@ class ProxyApp:
         finally:
             watcher.cancel()
 
-    async def _admit(self, key: KeyInfo, exchange: Exchange) -> None:
-        """The key's rpm limit and budgets (PRODUCT §9.1, §9.5): each one shared-counter read,
-        concurrent when a key has both. A budget admitted here is charged at request end."""
-        runtime, now = self.runtime, _now_ms()
-        wait: int | None = None
-        refusal: Refusal | None = None
-        if key.rpm_limit is not None and key.budgets:
-            wait, refusal = await asyncio.gather(
-                runtime.limiter.hit(key.id, key.rpm_limit, now),
-                runtime.budgets.admit(key.budgets, now),
-            )
-        elif key.rpm_limit is not None:
-            wait = await runtime.limiter.hit(key.id, key.rpm_limit, now)
-        else:
-            refusal = await runtime.budgets.admit(key.budgets, now)
+    async def _limit(self, key: KeyInfo) -> None:
+        """The key's rpm limit (PRODUCT §9.1): one shared-counter hit, before the body is read."""
+        assert key.rpm_limit is not None
+        wait = await self.runtime.limiter.hit(key.id, key.rpm_limit, _now_ms())
         if wait is not None:
             raise HTTPFailure(
                 429,
@@ -382,10 +370,6 @@ class ProxyApp:
                 "client_rate_limited",
                 f"This key is limited to {key.rpm_limit} requests per minute",
                 [(b"retry-after", str(wait).encode())],
-            )
-        if refusal is not None:
-            raise HTTPFailure(
-                429, "rate_limit_error", "budget_exceeded", refusal.message(), refusal.headers(now)
             )
 
     async def _charge(self, exchange: Exchange) -> None:
@@ -479,16 +463,28 @@ class ProxyApp:
             )
         caller = Caller(headers=_caller_headers(headers), request_id=exchange.request_id)
         pairs = {t.key: _credential_pair(snapshot, t, caller) for t in combo.targets}
-        # With Redis the combo's routing state comes in the quota read's round trip: a pick
-        # decided on it that writes nothing (a healthy one) needs no check of its own.
-        along = runtime.state_along(combo.id) if combo.id else ()
+        # With Redis the combo's routing state comes in the quota read's round trip (a pick
+        # decided on it that writes nothing, a healthy one, needs no check of its own), and so
+        # do the counters of the key's token budgets: one round trip for all three stores.
+        now = _now_ms()
+        state = runtime.state_along(combo.id) if combo.id else ()
+        counters = runtime.budgets.along(key.budgets, now) if key.budgets else None
+        if key.budgets and counters is None:
+            _refuse(await runtime.budgets.admit(key.budgets, now), now)
         gate = await runtime.tracker.gate(
             (p for p in pairs.values() if p is not None),
-            now=_now_ms(),
+            now=now,
             shared=runtime.shared,
-            along=along,
+            along=(*state, *(counters or ())),
         )
-        if gate.along:
+        if counters:
+            if gate.along is None:  # Redis out, or no round trip made: the budget store's copy
+                _refuse(await runtime.budgets.admit(key.budgets, now), now)
+            else:
+                _refuse(runtime.budgets.admit_read(key.budgets, gate.along[len(state) :], now), now)
+        # A budget admitted here is charged at request end.
+        exchange.key = key
+        if state and gate.along is not None and not gate.leased:
             runtime.prime_state(combo.id, gate.along[0])
         encrypted_only = encrypted_task_predicate(snapshot.providers) if encrypted else None
         compat: set[str] = set()
@@ -666,6 +662,14 @@ async def _ingest_quota(
         return any(is_exhausted(w, now=now) for w in windows)
     await runtime.tracker.ingest(pair, windows, outcome="success", now=now)
     return False
+
+
+def _refuse(refusal: Refusal | None, now: int) -> None:
+    """A used-up budget (PRODUCT §9.5) refuses the request."""
+    if refusal is not None:
+        raise HTTPFailure(
+            429, "rate_limit_error", "budget_exceeded", refusal.message(), refusal.headers(now)
+        )
 
 
 def _credential_pair(

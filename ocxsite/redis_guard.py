@@ -438,14 +438,19 @@ class GuardedBudgetStore:
         ok, got = await self.breaker.call(lambda: self.shared.read(counters, hashes, now_ms))
         if ok:
             assert got is not None
-            if len(self._seen) > 10_000:
-                self._seen.clear()  # only a starting point for an outage
-            self._seen.update(zip(counters, got[0], strict=True))
+            self.note_read(counters, got[0])
             for name, data in zip(hashes, got[1], strict=True):
                 self.local.seed(name, data)
             return got  # type: ignore[no-any-return]
         _, maps = await self.local.read([], hashes, now_ms)
         return [self._estimate(name, now_ms) for name in counters], maps
+
+    def note_read(self, counters: Sequence[str], values: Sequence[int]) -> None:
+        """Counters read from Redis by another store's round trip (the quota gate's, for the
+        admission): the starting point of an outage."""
+        if len(self._seen) > 10_000:
+            self._seen.clear()  # only a starting point for an outage
+        self._seen.update(zip(counters, values, strict=True))
 
     async def add_many(self, items: Sequence[tuple[str, int, int]], now_ms: int) -> list[int]:
         sent = not self.breaker.open

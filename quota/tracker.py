@@ -95,6 +95,9 @@ class Gate:
     resets: dict[Pair, int | None] = field(default_factory=dict)
     # The raw values of the names read along (`gate(along=…)`), or None when not read.
     along: list[bytes | None] | None = None
+    # A probe lease was taken after the read (a round trip later): a value read along is
+    # older than a read at the pick would be.
+    leased: bool = False
 
     def reason(self, pair: Pair | None) -> str | None:
         if pair is None:
@@ -125,16 +128,17 @@ class QuotaTracker:
         """Read the credentials of one request's candidate targets and take probe leases.
 
         `shared` (a Redis store) always reads, since another worker may have seen the limit.
-        `along`: Redis names another store of the request reads, fetched in the same round
-        trip when the store can (`get_many_along`); their values land in `Gate.along`."""
+        `along`: Redis names other stores of the request read, fetched in the same round
+        trip when the store can (`get_many_along`), even with no credential to read; their
+        values land in `Gate.along`."""
         gate = Gate()
         wanted = sorted(set(pairs))
         if not shared:
             wanted = [p for p in wanted if p in self.known]
-        if not wanted:
+        read_along = getattr(self.store, "get_many_along", None) if along else None
+        if not wanted and read_along is None:
             return gate
         keys = [_key(p) for p in wanted]
-        read_along = getattr(self.store, "get_many_along", None) if along else None
         if read_along is not None:
             raws, gate.along = await read_along(keys, along)
         else:
@@ -149,9 +153,7 @@ class QuotaTracker:
             verdict: Verdict = qw.eligibility(record.state, now=now)
             gate.verdicts[pair] = verdict
             if verdict == "probe":
-                # A lease is a round trip after the read: what was read along is older by
-                # then than a check at the pick would be, so it is not offered.
-                gate.along = None
+                gate.leased = True
                 if await self._acquire(pair, now=now):
                     gate.probes.add(pair)
         return gate

@@ -365,3 +365,30 @@ def test_a_budget_event_queued_at_shutdown_is_written_by_the_runtime_flush(setti
 
     asyncio.run(scenario())
     assert sorted(BudgetEvent.objects.values_list("percent", flat=True)) == [80, 100]
+
+
+async def test_counters_read_along_with_the_quota_gate_decide_as_the_gates_own_read() -> None:
+    """`along` names the token counters for the quota gate's `MGET` (only for a store that
+    keeps them in Redis, and only when no window budget needs a hash read); `admit_read`
+    decides on the raw values read there and hands them to the store (its outage copy)."""
+    noted: list[tuple[list[str], list[int]]] = []
+
+    class Noting(MemoryBudgetStore):
+        def note_read(self, counters: list[str], values: list[int]) -> None:
+            noted.append((list(counters), list(values)))
+
+    gate = BudgetGate(Noting(), prefix="t")
+    now = ms("2026-12-03T15:00:00+00:00")
+    key = ScopedBudget("key", "k1", "key ocx_abc… of dev", TokenBudget(50, "day"))
+    user = ScopedBudget("user", "u1", "user dev", TokenBudget(100, "week"))
+    day, week = period_bounds("day", now, UTC)[0], period_bounds("week", now, UTC)[0]
+    names = gate.along((key, user), now)
+    assert names == [f"t:budget:k1:tokens:day:{day}", f"t:budget:u1:tokens:week:{week}"]
+    assert gate.along((key, USER_WINDOW), now) is None  # a hash: read by `admit`
+    assert gate.along((), now) is None
+    assert BudgetGate(MemoryBudgetStore(), prefix="t").along((key,), now) is None
+    assert gate.admit_read((key, user), [b"49", None], now) is None
+    refused = gate.admit_read((key, user), [b"50", b"100"], now)
+    assert refused is not None and (refused.budget, refused.used) == (user, 100)
+    assert refused.reset_ms == ms("2026-12-07T00:00:00+00:00")
+    assert noted == [(names, [49, 0]), (names, [50, 100])]

@@ -6,11 +6,15 @@ a budget is used up (PostgreSQL + Redis, 3 workers), and the 80 %/100 % events."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
+import shlex
+import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -243,6 +247,66 @@ def test_window_percent_budget_counts_each_rise_against_its_request(
     # A key without a budget is not held back.
     assert ask(server.http, model, other).status_code == 200
     wait_for_output(server, f"budget 80%: {owner} has used 80% of its budget of 30% of each")
+
+
+@contextlib.contextmanager
+def redis_commands(prefix: str) -> Iterator[list[list[str]]]:
+    """The commands Redis runs that name one of `prefix`'s keys, in order (`MONITOR`)."""
+    proc = subprocess.Popen(
+        ["redis-cli", "-u", REDIS_URL or "", "monitor"], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "OK"
+    seen: list[list[str]] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if prefix in line:
+                seen.append(shlex.split(line.split("] ", 1)[1]))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield seen
+    finally:
+        time.sleep(0.3)  # MONITOR's copy of the last commands
+        proc.kill()
+        reader.join(5)
+
+
+@needs_redis
+def test_with_redis_the_counters_ride_in_the_quota_gates_round_trip(
+    server: Server, mock: Mock
+) -> None:
+    """One read before routing for the quota records, the combo's routing state and the token
+    budgets' counters: a single `MGET`; the charge is the only write (one `MULTI`), and a
+    refused request makes that one read and nothing else."""
+    if not server.env.get("REDIS_URL"):
+        pytest.skip("this server runs without Redis")
+    prefix = server.env["OCX_STATE_KEY_PREFIX"]
+    setup_provider(server, mock, "bg", "gm")
+    server.put_combo("bgc", {"targets": [{"provider": "bg", "model": "gm"}]})
+    server.wait_synced()
+    created, headers = new_key(server, "budget-gate", budget={"tokens": 250, "period": "day"})
+    mock.script("gm", [], then={"usage": USAGE})
+    assert ask(server.http, "combo/bgc", headers).status_code == 200  # 100; state written
+    counter = f"{prefix}:budget:k{created['id']}:tokens:day:"
+
+    with redis_commands(prefix) as commands:
+        assert ask(server.http, "combo/bgc", headers).status_code == 200  # 200
+    assert [c[0] for c in commands] == ["MGET", "INCRBY", "PEXPIREAT"], commands
+    names = commands[0][1:]
+    assert [n.split(":", 2)[1] for n in names] == ["quota", "combo", "budget"], names
+    assert names[2].startswith(counter)
+    assert commands[1][1:] == [names[2], "100"]
+
+    assert ask(server.http, "combo/bgc", headers).status_code == 200  # 200 < 250 → 300
+    with redis_commands(prefix) as commands:
+        r = ask(server.http, "combo/bgc", headers)
+    assert r.status_code == 429 and "has used 300 tokens" in r.json()["error"]["message"]
+    assert [c[0] for c in commands] == ["MGET"], commands
+    assert mock.hits("gm") == 3
 
 
 # --- three workers on PostgreSQL + Redis ---------------------------------------------------

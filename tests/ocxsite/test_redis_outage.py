@@ -184,3 +184,53 @@ def test_expired_cooldown_gets_one_probe_per_worker_during_the_outage(
         assert r.status_code == 200, r.text
         assert r.headers["x-ocx-target"] == "p2/fb"
     assert 1 <= mock.hits("fa") <= len(clients)  # at most one probe per worker, not 24
+
+
+def test_a_token_budget_read_in_the_gates_round_trip_holds_through_the_outage(
+    tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer, mock: Mock
+) -> None:
+    """With Redis up a budgeted request reads its counter in the quota gate's round trip, and
+    that read is where the worker's copy starts when Redis goes out: spending another worker
+    reported there keeps the budget used up through the outage."""
+    server, stop = start_server(
+        tmp_path_factory.mktemp("ocx-redis-outage-budget"),
+        extra_env={"REDIS_URL": redis_server.url, "OCX_REDIS_TIMEOUT_MS": "300"},
+    )
+    try:
+        server.put_provider(
+            "pb",
+            {
+                "adapter": "openai-responses",
+                "baseUrl": mock.url + "/v1",
+                "apiKey": KEY,
+                "models": {"bm": {"contextWindow": 100000}},
+            },
+        )
+        server.wait_synced()
+        headers = {
+            "Authorization": f"Bearer {server.create_key(budget={'tokens': 250, 'period': 'day'})}"
+        }
+        mock.script("bm", [], then={"usage": {"input_tokens": 60, "output_tokens": 40}})
+        body = {"model": "pb/bm", "input": "hello"}
+        for _ in range(2):  # 200 tokens, counted in Redis
+            assert server.http.post("/v1/responses", json=body, headers=headers).status_code == 200
+        counters = [
+            k for k in redis_server.client().keys("*") if b":budget:" in k and b":tokens:" in k
+        ]
+        assert [int(redis_server.client().get(k)) for k in counters] == [200]
+
+        # Another worker spends 100 more: seen by the next request's read, which refuses.
+        redis_server.client().incrby(counters[0], 100)
+        r = server.http.post("/v1/responses", json=body, headers=headers)
+        assert r.status_code == 429, r.text
+        assert "has used 300 tokens" in r.json()["error"]["message"]
+
+        redis_server.stop()
+        for _ in range(2):  # the worker's copy holds the 300 that read saw
+            r = server.http.post("/v1/responses", json=body, headers=headers)
+            assert r.status_code == 429, r.text
+            assert "has used 300 tokens" in r.json()["error"]["message"]
+        assert mock.hits("bm") == 2
+        assert server.http.get("/readyz").json()["routingState"]["mode"] == "local"
+    finally:
+        stop()

@@ -65,7 +65,7 @@ class AlongStore(MemoryJsonStore):
         return await self.get_many(keys), [self.raw.get(name) for name in along]
 
 
-def test_the_gate_reads_along_in_its_read_and_not_past_a_probe_lease() -> None:
+def test_the_gate_reads_along_in_its_read_and_says_when_a_probe_lease_followed() -> None:
     async def run() -> None:
         store = AlongStore({"ocx:combo:main": b'{"v":1}'})
         tracker = QuotaTracker(store)
@@ -73,10 +73,18 @@ def test_the_gate_reads_along_in_its_read_and_not_past_a_probe_lease() -> None:
         gate = await tracker.gate([PAIR], now=t, shared=True, along=["ocx:combo:main"])
         assert gate.along == [b'{"v":1}']
         assert store.reads == [(["quota:primary:fp1"], ["ocx:combo:main"])]
+        assert not gate.leased
         assert (await tracker.gate([PAIR], now=t, shared=True)).along is None  # nothing asked
-        # A probe lease is a round trip after the read: what was read along is not offered.
+        # With no credential to read, the names asked for are still read (one MGET of them).
+        gate = await tracker.gate([], now=t, shared=True, along=["ocx:combo:main", "ocx:b"])
+        assert gate.along == [b'{"v":1}', None]
+        assert store.reads[-1] == ([], ["ocx:combo:main", "ocx:b"])
+        reads = len(store.reads)
+        assert (await tracker.gate([], now=t, shared=True)).along is None
+        assert len(store.reads) == reads  # nothing to read: no round trip
+        # A probe lease is a round trip after the read: the gate says so (`leased`).
         await tracker.ingest(PAIR, [_limit_window(t, 1000)], outcome="failure", now=t)
         gate = await tracker.gate([PAIR], now=t + 1000, shared=True, along=["ocx:combo:main"])
-        assert PAIR in gate.probes and gate.along is None
+        assert PAIR in gate.probes and gate.leased and gate.along == [b'{"v":1}']
 
     asyncio.run(run())
