@@ -3,7 +3,7 @@
 Two shapes, the same in both stores:
 
 * token counters: one integer per (scope, period), `INCRBY` at request end (all of a
-  request's counters in one round trip), expiring after its period
+  request's counters in one script call), expiring after its period
   (`{prefix}:budget:{scope}:tokens:{period}:{start}`);
 * window points: one hash per (scope, provider) with a field per credential window,
   `{credential}|{window}` → percentage points used and `{credential}|{window}|r` → the
@@ -65,6 +65,18 @@ for i = 2, #KEYS do
     redis.call('PEXPIRE', KEYS[i], ttl)
   end
   out[#out + 1] = tostring(value)
+end
+return out
+"""
+
+# KEYS = token counters; ARGV = each one's amount and expiry (ms), in turn. Returns the new
+# totals. One command (one reply to read) where a MULTI of INCRBY and PEXPIREAT pairs was
+# 2 + 2n; as with the MULTI, no other client's command runs between its steps.
+_ADD = """
+local out = {}
+for i = 1, #KEYS do
+  out[i] = redis.call('INCRBY', KEYS[i], ARGV[2 * i - 1])
+  redis.call('PEXPIREAT', KEYS[i], ARGV[2 * i])
 end
 return out
 """
@@ -171,6 +183,7 @@ class RedisBudgetStore:
         from quota.resp import RespClient
 
         self.redis = RespClient(url, timeout_s=socket_timeout)
+        self._add = self.redis.script(_ADD)
         self._attribute = self.redis.script(_ATTRIBUTE)
         self._raise = self.redis.script(_RAISE)
 
@@ -190,14 +203,14 @@ class RedisBudgetStore:
         return values, maps
 
     async def add_many(self, items: Sequence[tuple[str, int, int]], now_ms: int) -> list[int]:
-        # One MULTI for all of a request's token budgets (the key's and its user's).
-        commands: list[tuple[str, str, int]] = []
-        for name, amount, expire_at_ms in items:
-            commands += [("INCRBY", name, amount), ("PEXPIREAT", name, expire_at_ms)]
-        if not commands:
+        # One script call for all of a request's token budgets (the key's and its user's).
+        if not items:
             return []
-        results = await self.redis.transaction(commands)
-        return [int(v) for v in results[0::2]]
+        args: list[int] = []
+        for _, amount, expire_at_ms in items:
+            args += (amount, expire_at_ms)
+        totals = await self._add(keys=[name for name, _, _ in items], args=args)
+        return [int(v) for v in totals]
 
     async def attribute(
         self,

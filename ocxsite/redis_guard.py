@@ -55,6 +55,18 @@ RESYNC_TIMEOUT_S = 10.0
 Listener = Callable[[bool, dict[str, object]], None]
 
 
+class _Bound:
+    """One call in flight under the breaker's timeout."""
+
+    __slots__ = ("task", "deadline", "cancelling", "expired")
+
+    def __init__(self, task: asyncio.Task[Any], deadline: float) -> None:
+        self.task = task
+        self.deadline = deadline
+        self.cancelling = task.cancelling()
+        self.expired = False
+
+
 class RedisBreaker:
     """One worker's view of Redis: `open` while it is considered unavailable.
 
@@ -81,6 +93,9 @@ class RedisBreaker:
         self._client = RespClient(url, timeout_s=max(timeout_s, 1.0))
         self._probe: asyncio.Task[None] | None = None
         self._timeouts: list[float] = []
+        self._calls: dict[_Bound, None] = {}  # in flight, oldest first
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def open(self) -> bool:
@@ -98,19 +113,54 @@ class RedisBreaker:
     async def call(self, op: Callable[[], Awaitable[R]]) -> tuple[bool, R | None]:
         if self.degraded_since is not None:
             return False, None
+        # The hot-path bound, as `asyncio.timeout` would keep it but with one timer for all
+        # the calls in flight (they share one timeout, so they expire in the order they
+        # started): a timer per call was a heap push and a cancelled handle per round trip.
+        task = asyncio.current_task()
+        assert task is not None
+        loop = task.get_loop()
+        bound = _Bound(task, loop.time() + self.timeout_s)
+        calls = self._calls
+        calls[bound] = None
+        if self._timer is None or self._timer_loop is not loop:
+            self._timer, self._timer_loop = loop.call_at(bound.deadline, self._expire), loop
         try:
-            async with asyncio.timeout(self.timeout_s):
-                return True, await op()
+            return True, await op()
+        except asyncio.CancelledError:
+            if not bound.expired or task.uncancel() > bound.cancelling:
+                raise  # cancelled from outside (the client went away, a shutdown)
+            self._timed_out(TimeoutError())
+            return False, None
         except TimeoutError as exc:
-            now = time.monotonic()
-            self._timeouts = [t for t in self._timeouts if now - t < TIMEOUT_WINDOW_S] + [now]
-            if len(self._timeouts) >= TIMEOUTS_TO_TRIP:
-                self._timeouts.clear()
-                self.trip(exc)
+            self._timed_out(exc)
             return False, None
         except REDIS_ERRORS as exc:
             self.trip(exc)
             return False, None
+        finally:
+            del calls[bound]
+
+    def _expire(self) -> None:
+        self._timer = None
+        loop = self._timer_loop
+        assert loop is not None
+        now = loop.time()
+        for bound in self._calls:  # oldest first
+            if bound.task.get_loop() is not loop:
+                continue  # left by another event loop (tests, commands)
+            if bound.deadline > now:
+                self._timer = loop.call_at(bound.deadline, self._expire)
+                return
+            if not bound.expired:
+                bound.expired = True
+                bound.task.cancel()
+
+    def _timed_out(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        self._timeouts = [t for t in self._timeouts if now - t < TIMEOUT_WINDOW_S] + [now]
+        if len(self._timeouts) >= TIMEOUTS_TO_TRIP:
+            self._timeouts.clear()
+            self.trip(exc)
 
     def trip(self, exc: BaseException) -> None:
         if self.degraded_since is not None:

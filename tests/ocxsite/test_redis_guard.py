@@ -44,6 +44,67 @@ def test_local_limit_is_the_workers_share() -> None:
     assert local_limit(5, 0) == 5
 
 
+def test_the_breakers_bound_times_calls_out_in_order_with_one_timer() -> None:
+    """Every call in flight shares one timer: each times out at its own deadline (its start
+    plus the bound), falls back, leaves its task usable, and three timeouts close together
+    open the breaker; a cancel from outside stays a cancel."""
+
+    async def run() -> None:
+        breaker = RedisBreaker("redis://127.0.0.1:1/0", timeout_s=0.2, backoff_s=(5.0, 5.0))
+        loop = asyncio.get_running_loop()
+        timers = 0
+        real_call_at = loop.call_at
+
+        def counting(when: float, callback: Any, *args: Any, **kwargs: Any) -> Any:
+            nonlocal timers
+            timers += 1
+            return real_call_at(when, callback, *args, **kwargs)
+
+        loop.call_at = counting  # type: ignore[method-assign]
+
+        async def quick() -> int:
+            await asyncio.sleep(0)
+            return 7
+
+        for _ in range(100):
+            assert await breaker.call(quick) == (True, 7)
+        assert timers == 1  # not one per call
+
+        async def hang() -> None:
+            await asyncio.Event().wait()
+
+        async def timed(started: list[float]) -> tuple[bool, Any, float]:
+            started.append(loop.time())
+            ok, value = await breaker.call(hang)
+            await asyncio.sleep(0)  # the task is not left cancelled
+            return ok, value, loop.time()
+
+        starts: list[float] = []
+        first = loop.create_task(timed(starts))
+        await asyncio.sleep(0.1)
+        second = loop.create_task(timed(starts))
+        ok, value, ended = await first
+        assert (ok, value) == (False, None) and ended >= starts[0] + 0.2
+        assert not second.done()  # its own deadline is 0.1 s later
+        ok, value, ended = await second
+        assert (ok, value) == (False, None) and ended >= starts[1] + 0.2
+        assert not breaker.open  # two timeouts: not an outage yet
+
+        outside = loop.create_task(breaker.call(hang))
+        await asyncio.sleep(0.01)
+        outside.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await outside
+        assert not breaker.open  # a cancel is not a timeout
+
+        assert await breaker.call(hang) == (False, None)  # the third: open
+        assert breaker.open and breaker.reason == "TimeoutError"
+        assert await breaker.call(quick) == (False, None)  # open: not even tried
+        await breaker.aclose()
+
+    asyncio.run(run())
+
+
 def test_breaker_limiter_and_budget_fall_back_then_write_back(redis_server: RedisServer) -> None:
     changes: list[tuple[bool, dict[str, object]]] = []
 
