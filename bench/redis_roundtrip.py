@@ -4,7 +4,9 @@
 
 Sequential calls (as at c=1) against a real Redis: the bare client (`quota.resp`), then the
 breaker's bound (`ocxsite.redis_guard`), the routing state's compare-and-set check (a healthy
-pick), the guarded store around it, and the quota gate's read. CPU (user+sys of this process)
+pick), the guarded store around it, the quota gate's read, and a key's and a user's token
+budgets: their admission read on its own (a request with a window budget still makes it; with
+token budgets only the quota gate's read carries it) and their charge. CPU (user+sys of this process)
 and wall time per call: what a request pays for each round trip it makes, and how much of it
 is the round trip itself (a PING) rather than ocx's code around it.
 """

@@ -847,6 +847,12 @@ def report(res: dict[str, Any]) -> tuple[str, dict[str, Any]]:
                         None if x is None else x <= 0.25,
                     )
                 )
+    degraded = res.get("redis_degraded") or {}
+    if degraded:
+        spells = ", ".join(f"{name} {n}" for name, n in degraded.items())
+        lines.append(
+            f"\nRedis breaker openings logged by the ocx workers during the run: {spells}.\n"
+        )
     lines.append("\n### Targets (per ocx worker; ocx-bare (Daphne) unless stated)\n")
     lines.append("| target | case | measured | met |")
     lines.append("|---|---|---|---|")
@@ -1112,6 +1118,16 @@ def main(argv: list[str] | None = None) -> int:
                     res["profiles"][f"{prefix}{api}|{'stream' if stream else 'json'}|16"] = pr
 
     res["machine"]["loadavg_after"] = _loadavg()
+    # A Redis variant whose breaker opened (a Redis call past OCX_REDIS_TIMEOUT_MS) routed on
+    # its own copy for a while, without Redis round trips: the report says how often.
+    res["redis_degraded"] = {
+        t.name: sum(
+            p.read_text(errors="replace").count("redis unavailable")
+            for p in _tmp.glob(f"{t.name}-*.log")
+        )
+        for t in targets + ([w2] if w2 else [])
+        if t.name.startswith("ocx")
+    }
     res["elapsed_s"] = round(time.monotonic() - t_start, 1)
     md, verdict = report(res)
     res["targets_check"] = verdict

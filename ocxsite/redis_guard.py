@@ -145,13 +145,24 @@ class RedisBreaker:
         loop = self._timer_loop
         assert loop is not None
         now = loop.time()
+        due = []
         for bound in self._calls:  # oldest first
             if bound.task.get_loop() is not loop:
                 continue  # left by another event loop (tests, commands)
             if bound.deadline > now:
                 self._timer = loop.call_at(bound.deadline, self._expire)
-                return
+                break
             if not bound.expired:
+                due.append(bound)
+        if due:
+            # One loop turn of grace: a call whose reply the loop has already read is queued
+            # to resume ahead of this and finishes; only the calls still waiting on Redis time
+            # out. A busy loop (64 requests in flight) is not a slow Redis.
+            loop.call_soon(self._cancel, due)
+
+    def _cancel(self, due: list[_Bound]) -> None:
+        for bound in due:
+            if bound in self._calls and not bound.expired:
                 bound.expired = True
                 bound.task.cancel()
 

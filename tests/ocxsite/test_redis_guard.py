@@ -47,7 +47,8 @@ def test_local_limit_is_the_workers_share() -> None:
 def test_the_breakers_bound_times_calls_out_in_order_with_one_timer() -> None:
     """Every call in flight shares one timer: each times out at its own deadline (its start
     plus the bound), falls back, leaves its task usable, and three timeouts close together
-    open the breaker; a cancel from outside stays a cancel."""
+    open the breaker; a reply the loop read by the deadline counts as in time; a cancel from
+    outside stays a cancel."""
 
     async def run() -> None:
         breaker = RedisBreaker("redis://127.0.0.1:1/0", timeout_s=0.2, backoff_s=(5.0, 5.0))
@@ -89,6 +90,17 @@ def test_the_breakers_bound_times_calls_out_in_order_with_one_timer() -> None:
         ok, value, ended = await second
         assert (ok, value) == (False, None) and ended >= starts[1] + 0.2
         assert not breaker.open  # two timeouts: not an outage yet
+
+        # A busy loop is not a slow Redis: a reply read in the loop turn that reaches the
+        # deadline (here the loop was blocked for 0.3 s) is still taken.
+        reply: asyncio.Future[int] = loop.create_future()
+
+        async def answered() -> int:
+            return await reply
+
+        loop.call_later(0.01, reply.set_result, 8)
+        loop.call_soon(time.sleep, 0.3)
+        assert await breaker.call(answered) == (True, 8)
 
         outside = loop.create_task(breaker.call(hang))
         await asyncio.sleep(0.01)
