@@ -155,11 +155,15 @@ class BudgetGate:
         return names
 
     def admit_read(
-        self, budgets: Sequence[ScopedBudget], raws: Sequence[bytes | None], now_ms: int
+        self,
+        budgets: Sequence[ScopedBudget],
+        names: Sequence[str],
+        raws: Sequence[bytes | None],
+        now_ms: int,
     ) -> Refusal | None:
-        """`admit` on the counters read along (`along(budgets, now_ms)`, in its order)."""
-        names = self.along(budgets, now_ms)
-        assert names is not None and len(names) == len(raws)
+        """`admit` on the counters read along: `names` as `along(budgets, now_ms)` gave them,
+        `raws` their values in that order."""
+        assert len(names) == len(raws) == len(budgets)
         values = [int(raw) if raw is not None else 0 for raw in raws]
         self.store.note_read(names, values)  # type: ignore[attr-defined]
         refusals = self._token_refusals(budgets, values, now_ms)

@@ -481,7 +481,12 @@ class ProxyApp:
             if gate.along is None:  # Redis out, or no round trip made: the budget store's copy
                 _refuse(await runtime.budgets.admit(key.budgets, now), now)
             else:
-                _refuse(runtime.budgets.admit_read(key.budgets, gate.along[len(state) :], now), now)
+                _refuse(
+                    runtime.budgets.admit_read(
+                        key.budgets, counters, gate.along[len(state) :], now
+                    ),
+                    now,
+                )
         # A budget admitted here is charged at request end.
         exchange.key = key
         if state and gate.along is not None and not gate.leased:

@@ -383,12 +383,13 @@ async def test_counters_read_along_with_the_quota_gate_decide_as_the_gates_own_r
     user = ScopedBudget("user", "u1", "user dev", TokenBudget(100, "week"))
     day, week = period_bounds("day", now, UTC)[0], period_bounds("week", now, UTC)[0]
     names = gate.along((key, user), now)
+    assert names is not None
     assert names == [f"t:budget:k1:tokens:day:{day}", f"t:budget:u1:tokens:week:{week}"]
     assert gate.along((key, USER_WINDOW), now) is None  # a hash: read by `admit`
     assert gate.along((), now) is None
     assert BudgetGate(MemoryBudgetStore(), prefix="t").along((key,), now) is None
-    assert gate.admit_read((key, user), [b"49", None], now) is None
-    refused = gate.admit_read((key, user), [b"50", b"100"], now)
+    assert gate.admit_read((key, user), names, [b"49", None], now) is None
+    refused = gate.admit_read((key, user), names, [b"50", b"100"], now)
     assert refused is not None and (refused.budget, refused.used) == (user, 100)
     assert refused.reset_ms == ms("2026-12-07T00:00:00+00:00")
     assert noted == [(names, [49, 0]), (names, [50, 100])]
