@@ -100,6 +100,7 @@ def provider_spec(provider: Provider) -> ProviderSpec:
             idle_ms=provider.idle_ms,
             total_ms=provider.total_ms,
         ),
+        max_connections=provider.max_connections,
         models=MappingProxyType(models),
     )
 

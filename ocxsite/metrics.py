@@ -47,6 +47,12 @@ MALFORMED_FRAMES = Counter(
     "ended a translated one), by provider",
     ["provider"],
 )
+LOCAL_OVERLOAD = Counter(
+    "ocx_local_overload_total",
+    "Upstream attempts stopped by ocx's own limits, never counted against the target: "
+    "pool_full, fd_limit, no_local_port, no_memory",
+    ["cause"],
+)
 REQUEST_LOG_DROPPED = Counter(
     "ocx_request_log_dropped_total", "Request log entries dropped because the queue was full"
 )

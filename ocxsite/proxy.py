@@ -80,6 +80,10 @@ ENDPOINTS: Mapping[str, Literal["responses", "chat"]] = {
 }
 
 
+# Retry-After of a 503 `ocx_overloaded`: long streams free pool slots within seconds.
+OVERLOAD_RETRY_AFTER_S = 5
+
+
 def error_payload(status: int, type_: str, code: str | None, message: str) -> bytes:
     return json.dumps({"error": {"type": type_, "code": code, "message": message}}).encode()
 
@@ -540,6 +544,11 @@ class ProxyApp:
             if outcome.committed:
                 exchange.upstream_done = True
                 metrics.UPSTREAM_LATENCY.labels(provider.name).observe(elapsed)
+            failure = outcome.failure
+            if failure is not None and failure.transport == "local":
+                # Nothing reached the upstream: no quota evidence, no compatibility lesson.
+                _note_overload(provider.name, target.key, failure, elapsed, exchange.request_id)
+                return outcome
             if outcome.malformed:
                 metrics.MALFORMED_FRAMES.labels(provider.name).inc(outcome.malformed)
             pair = pairs.get(target.key)
@@ -584,13 +593,20 @@ class ProxyApp:
                 if why is not None:
                     raise HTTPFailure(503, "server_error", "provider_unavailable", why)
                 outcome = await dispatch(target, True)
+                failed = outcome.failure
+                local = failed is not None and failed.transport == "local"
                 entry.attempts.append(
                     {
                         "target": target.key,
                         "status": outcome.status
                         if outcome.failure is None
                         else outcome.failure.status,
-                        "outcome": "served" if outcome.committed else "failed",
+                        "outcome": "served"
+                        if outcome.committed
+                        else "local_overload"
+                        if local
+                        else "failed",
+                        **({"reason": classify(failed).reason} if failed and local else {}),
                         **({"malformedFrames": outcome.malformed} if outcome.malformed else {}),
                     }
                 )
@@ -744,8 +760,33 @@ def _finish_route(combo: ComboSpec, result: RouteResult) -> None:
     _raise_upstream(result.failure)
 
 
+def _note_overload(provider: str, target: str, failure: Failure, s: float, request_id: str) -> None:
+    cause = failure.error_code or "overloaded"
+    metrics.LOCAL_OVERLOAD.labels(cause).inc()
+    log.warning(
+        "local overload (%s): request %s to %s (provider %s) stopped inside ocx after %d ms, "
+        "the target is not cooled: %s",
+        cause,
+        request_id,
+        target,
+        provider,
+        int(s * 1000),
+        failure.message,
+    )
+
+
 def _raise_upstream(failure: Failure) -> None:
     """The last upstream failure, sanitized, with its own status (reference §3.7)."""
+    if failure.transport == "local":
+        # ocx's own limit: the client may retry soon, on this target or any other.
+        cause = failure.error_code or "overloaded"
+        raise HTTPFailure(
+            503,
+            "server_error",
+            "ocx_overloaded",
+            f"ocx is overloaded ({cause}); retry shortly",
+            [(b"retry-after", str(OVERLOAD_RETRY_AFTER_S).encode())],
+        )
     if failure.status is None:
         kind = failure.transport or "error"
         status = 504 if kind.startswith("timeout") else 502

@@ -171,9 +171,14 @@ class Runtime:
                     self.store.forget(combo_id)
             for name, provider in old.providers.items():
                 new = snapshot.providers.get(name)
-                # The clients depend only on the timeouts; in-flight streams keep theirs until
-                # they end, so an old pool is closed only after its longest request could run.
-                if (new is None or new.timeouts != provider.timeouts) and name in self.clients:
+                # The clients depend only on the timeouts and the pool size; in-flight streams
+                # keep theirs until they end, so an old pool is closed only after its longest
+                # request could run.
+                changed = new is None or (new.timeouts, new.max_connections) != (
+                    provider.timeouts,
+                    provider.max_connections,
+                )
+                if changed and name in self.clients:
                     pool = self.clients.pop(name)
                     grace_s = min(provider.timeouts.total_ms, 600_000) / 1000
                     asyncio.get_running_loop().create_task(_close_later(pool, grace_s))

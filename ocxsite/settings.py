@@ -138,6 +138,11 @@ OCX_LOG_JSON = env_bool("OCX_LOG_JSON", False)
 # A worker moves its startup heap out of the cyclic collector once it serves (lifecycle).
 OCX_GC_FREEZE = env_bool("OCX_GC_FREEZE", True)
 OCX_TIME_ZONE = _time_zone()
+# Upstream connections per provider per worker (a provider's `maxConnections` overrides it):
+# a team's hundreds of long streams must never queue behind ocx's own pool.
+OCX_UPSTREAM_MAX_CONNECTIONS = env_int("OCX_UPSTREAM_MAX_CONNECTIONS", 1024, minimum=1)
+# Idle keep-alive connections kept per provider origin per worker.
+OCX_UPSTREAM_MAX_KEEPALIVE = env_int("OCX_UPSTREAM_MAX_KEEPALIVE", 64, minimum=0)
 
 INSTALLED_APPS = [
     "django.contrib.admin",

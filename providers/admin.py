@@ -81,6 +81,7 @@ class ProviderForm(forms.ModelForm):  # type: ignore[type-arg]
             "first_byte_ms",
             "idle_ms",
             "total_ms",
+            "max_connections",
         ]
 
     def raw(self) -> dict[str, object]:
@@ -96,6 +97,7 @@ class ProviderForm(forms.ModelForm):  # type: ignore[type-arg]
                 "idleMs": data.get("idle_ms"),
                 "totalMs": data.get("total_ms"),
             },
+            "maxConnections": data.get("max_connections"),
         }
         if data.get("api_key_env"):
             raw["apiKeyEnv"] = data["api_key_env"]
@@ -209,7 +211,19 @@ class ProviderAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     fieldsets = (
         (None, {"fields": ("name", "adapter", "base_url", "disabled")}),
         ("Credential", {"fields": ("api_key_env", "api_key", "stored_key", "clear_api_key")}),
-        ("Advanced", {"fields": ("headers", "connect_ms", "first_byte_ms", "idle_ms", "total_ms")}),
+        (
+            "Advanced",
+            {
+                "fields": (
+                    "headers",
+                    "connect_ms",
+                    "first_byte_ms",
+                    "idle_ms",
+                    "total_ms",
+                    "max_connections",
+                )
+            },
+        ),
     )
 
     @admin.display(description="credential")

@@ -9,7 +9,8 @@ classification in `providers.upstream.attempt` does not change:
 - refused, unreachable, TLS handshake failed: `httpx.ConnectError`; too slow: `ConnectTimeout`
 - the peer closed before the answer was whole: `RemoteProtocolError`; a reset: `ReadError`
 - bytes that are not HTTP: `RemoteProtocolError`
-- no free connection within the pool timeout: `PoolTimeout`
+- ocx's own limits, never the upstream's fault: `LocalOverload` (no free connection within the
+  pool timeout, or no file descriptor, local port or buffer for a new socket)
 
 Read timeouts are the caller's (`asyncio.timeout` around each read); a cancelled read closes
 the connection, since its answer can no longer be taken off the wire. Request bodies are
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable
@@ -39,6 +41,42 @@ _DEFAULT_PORTS = {b"http": 80, b"https": 443}
 
 class _Stray(Exception):
     pass
+
+
+# A socket ocx could not open for want of its own resources (PRODUCT: local limits are never an
+# upstream fault), by errno; the values are `LocalOverload.cause`.
+LOCAL_ERRNOS: dict[int, str] = {
+    errno.EMFILE: "fd_limit",
+    errno.ENFILE: "fd_limit",
+    errno.EADDRNOTAVAIL: "no_local_port",
+    errno.ENOBUFS: "no_memory",
+    errno.ENOMEM: "no_memory",
+}
+LOCAL_CAUSES: tuple[str, ...] = ("pool_full", "fd_limit", "no_local_port", "no_memory")
+# Set on a request's extensions while it waits for a pool slot, so a caller whose own timeout
+# ends that wait can tell it from a slow upstream.
+POOL_WAIT = "ocx.pool_wait"
+
+
+class LocalOverload(httpx.TransportError):
+    """ocx's own resources ran out before the upstream was reached: no pool slot in time
+    (`pool_full`), or no file descriptor, local port or socket buffer (`LOCAL_ERRNOS`)."""
+
+    def __init__(self, cause: str, message: str, *, request: httpx.Request | None = None) -> None:
+        super().__init__(message, request=request)
+        self.cause = cause
+
+
+def local_cause(exc: BaseException) -> str | None:
+    """The `LocalOverload` cause of a connect error, or None when it is the network's or the
+    peer's. asyncio joins the errors of several addresses into one message without an errno."""
+    if isinstance(exc, OSError) and exc.errno in LOCAL_ERRNOS:
+        return LOCAL_ERRNOS[exc.errno]
+    text = str(exc)
+    for code, cause in LOCAL_ERRNOS.items():
+        if f"[Errno {code}]" in text:
+            return cause
+    return None
 
 
 class _Conn(asyncio.Protocol):
@@ -317,7 +355,9 @@ class Http1Transport(httpx.AsyncBaseTransport):
             raise httpx.LocalProtocolError(
                 "a request header or the target contains CR, LF or NUL", request=request
             )
-        conn = await self._acquire(origin, timeouts, request)
+        pool_s = timeouts.get("pool")
+        deadline = None if pool_s is None else asyncio.get_running_loop().time() + pool_s
+        conn = await self._acquire(origin, timeouts, request, deadline)
         try:
             await conn.send(head, body, timeouts.get("write"))
         except BaseException as exc:
@@ -335,7 +375,11 @@ class Http1Transport(httpx.AsyncBaseTransport):
         )
 
     async def _acquire(
-        self, origin: Origin, timeouts: dict[str, float | None], request: httpx.Request
+        self,
+        origin: Origin,
+        timeouts: dict[str, float | None],
+        request: httpx.Request,
+        deadline: float | None,
     ) -> _Conn:
         idle = self._idle.get(origin)
         while idle:
@@ -352,8 +396,8 @@ class Http1Transport(httpx.AsyncBaseTransport):
         if len(self._all) >= self.max_connections:
             self._evict_idle()
         if len(self._all) >= self.max_connections:
-            await self._wait_for_room(timeouts.get("pool"), request)
-            return await self._acquire(origin, timeouts, request)
+            await self._wait_for_room(deadline, request)
+            return await self._acquire(origin, timeouts, request, deadline)
         return await self._connect(origin, timeouts.get("connect"), request)
 
     async def _connect(
@@ -378,6 +422,9 @@ class Http1Transport(httpx.AsyncBaseTransport):
         except (OSError, ssl.SSLError) as exc:
             self._all.discard(conn)
             self._wake_waiter()
+            cause = local_cause(exc)
+            if cause is not None:
+                raise LocalOverload(cause, str(exc), request=request) from None
             raise httpx.ConnectError(type(exc).__name__, request=request) from None
         except BaseException:
             self._all.discard(conn)
@@ -395,11 +442,12 @@ class Http1Transport(httpx.AsyncBaseTransport):
                 self._all.discard(victim)
                 return
 
-    async def _wait_for_room(self, pool_s: float | None, request: httpx.Request) -> None:
+    async def _wait_for_room(self, deadline: float | None, request: httpx.Request) -> None:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
+        request.extensions[POOL_WAIT] = True
         try:
-            async with asyncio.timeout(pool_s):
+            async with asyncio.timeout_at(deadline):
                 await waiter
         except BaseException as exc:
             if waiter in self._waiters:
@@ -407,8 +455,14 @@ class Http1Transport(httpx.AsyncBaseTransport):
             elif waiter.done() and not waiter.cancelled():
                 self._wake_waiter()  # woken, but leaving: the room goes to the next in line
             if isinstance(exc, TimeoutError):
-                raise httpx.PoolTimeout("no free upstream connection", request=request) from None
+                raise LocalOverload(
+                    "pool_full",
+                    f"no free upstream connection (all {self.max_connections} in use)",
+                    request=request,
+                ) from None
+            # Cancelled (by the caller's own timeout): the mark stays for the caller to read.
             raise
+        request.extensions.pop(POOL_WAIT, None)
 
     def _wake_waiter(self) -> None:
         while self._waiters:

@@ -19,6 +19,8 @@ class Provider(models.Model):
     first_byte_ms = models.PositiveIntegerField(default=20000)
     idle_ms = models.PositiveIntegerField(default=60000)
     total_ms = models.PositiveIntegerField(default=600000)
+    # Upstream connections per worker; null = OCX_UPSTREAM_MAX_CONNECTIONS.
+    max_connections = models.PositiveIntegerField(null=True, blank=True)
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:

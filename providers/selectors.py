@@ -26,6 +26,8 @@ def provider_raw(provider: Provider) -> dict[str, object]:
         "idleMs": provider.idle_ms,
         "totalMs": provider.total_ms,
     }
+    if provider.max_connections is not None:
+        raw["maxConnections"] = provider.max_connections
     models: dict[str, object] = {}
     for m in provider.models.all():
         entry: dict[str, object] = {}

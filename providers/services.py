@@ -75,6 +75,7 @@ def _write_provider(name: str, raw: Mapping[str, object], existing: Provider | N
     provider.first_byte_ms = spec.timeouts.first_byte_ms
     provider.idle_ms = spec.timeouts.idle_ms
     provider.total_ms = spec.timeouts.total_ms
+    provider.max_connections = spec.max_connections
     provider.full_clean(validate_unique=False, validate_constraints=False)
     provider.save()
     provider.models.all().delete()

@@ -22,7 +22,7 @@ import httpx
 from combos.engine.attempts import Outcome
 from combos.engine.classify import FAILURE_BODY_LIMIT, Failure, failure_from_response, redact
 from combos.engine.types import ProviderSpec, TargetSpec
-from providers.http1 import Http1Transport
+from providers.http1 import POOL_WAIT, Http1Transport, LocalOverload
 from providers.wire import chat
 from providers.wire.commit import (
     CommitScanner,
@@ -91,10 +91,23 @@ class MissingCredential(Exception):
     pass
 
 
-POOL_CONNECTIONS = 64
-# Every connection may stay idle (until `keepalive_expiry`): with fewer, a worker at 64 in-flight
-# requests closed and reopened about one upstream connection in four (bench/README.md).
-POOL_KEEPALIVE = POOL_CONNECTIONS
+# Defaults when Django settings are not loaded; `OCX_UPSTREAM_MAX_CONNECTIONS` and
+# `OCX_UPSTREAM_MAX_KEEPALIVE` set them, a provider's `maxConnections` overrides the first.
+POOL_CONNECTIONS = 1024
+# Idle connections kept per origin (until `keepalive_expiry`): with fewer than the requests in
+# flight, a worker at 64 in-flight requests closed and reopened about one upstream connection in
+# four (bench/README.md); beyond it a burst's extra connections close as they finish.
+POOL_KEEPALIVE = 64
+
+
+def pool_limits(provider: ProviderSpec) -> tuple[int, int]:
+    """(connections, idle keep-alive connections) of `provider`'s pool in one worker."""
+    from django.conf import settings
+
+    default: int = getattr(settings, "OCX_UPSTREAM_MAX_CONNECTIONS", POOL_CONNECTIONS)
+    connections = provider.max_connections or default
+    keepalive: int = getattr(settings, "OCX_UPSTREAM_MAX_KEEPALIVE", POOL_KEEPALIVE)
+    return connections, min(connections, keepalive)
 
 
 @functools.cache
@@ -115,18 +128,22 @@ class ProviderClient:
 
     def __init__(self, provider: ProviderSpec) -> None:
         t = provider.timeouts
+        connections, keepalive = pool_limits(provider)
         self.transport = Http1Transport(
             ssl_context=_tls(),
-            max_connections=POOL_CONNECTIONS,
-            max_keepalive=POOL_KEEPALIVE,
+            max_connections=connections,
+            max_keepalive=keepalive,
             keepalive_expiry=30,
         )
-        # Read timeouts are the attempt's own (first byte, idle, total); see `attempt`.
+        # Read timeouts are the attempt's own (first byte, idle, total); see `attempt`. A wait
+        # for a free connection is bounded by the first-byte window, streaming or not: past it
+        # the request gets `ocx_overloaded` (a non-streaming answer's totalMs is far too long
+        # to hold a caller for ocx's own pool).
         self.timeout = {
             "connect": t.connect_ms / 1000,
             "read": None,
             "write": t.total_ms / 1000,
-            "pool": t.connect_ms / 1000,
+            "pool": t.first_byte_ms / 1000,
         }
         self._urls: dict[str, httpx.URL] = {}
 
@@ -230,6 +247,12 @@ def _client_events(events: tuple[SSEEvent, ...], drop_usage: bool) -> tuple[SSEE
     if not drop_usage:
         return events
     return tuple(e for e in events if not _is_usage_chunk(e))
+
+
+def local_failure(cause: str, message: str) -> Failure:
+    """ocx's own limit stopped the attempt before the upstream was reached (`LocalOverload`):
+    never the target's fault (`classify` gives a local hop that cools nothing)."""
+    return Failure(transport="local", error_code=cause, message=redact(message))
 
 
 def _failure_from_stream(sf: StreamFailure, event: str | None = None) -> Failure:
@@ -374,7 +397,14 @@ async def attempt(
     try:
         async with asyncio.timeout(wait_s):
             resp = await client.send(request)
+    except LocalOverload as exc:
+        return Outcome(False, local_failure(exc.cause, str(exc)), cool=False)
     except TimeoutError:
+        if request.extensions.get(POOL_WAIT):
+            # The attempt's window ended while it still waited for ocx's own pool.
+            return Outcome(
+                False, local_failure("pool_full", "no free upstream connection"), cool=False
+            )
         kind = "timeout_first_byte" if stream else "timeout_total"
         return Outcome(False, Failure(transport=kind, message="no response"))
     except httpx.ConnectTimeout:

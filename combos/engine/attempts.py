@@ -45,7 +45,8 @@ class Outcome:
 class AttemptRecord:
     target: str
     status: int | None
-    outcome: str  # "served", "hop", "stop", "failed_after_commit", "client_cancelled"
+    # "served", "hop", "stop", "failed_after_commit", "client_cancelled", "local_overload"
+    outcome: str
     reason: str = ""
     cooled_until: int | None = None
     ms: int = 0
@@ -175,6 +176,22 @@ async def route(
         failure = outcome.failure
         assert failure is not None
         decision = classify(failure)
+        if decision.local_overload:
+            # ocx's own limit, not the target's: no cooldown, no failure noted, no hop counted
+            # against it (only a probe lease this pick took is handed back, as on an abort). The
+            # request may still try another target, which has its own pool.
+            if selection.probe:
+                await store.update(
+                    combo.id, st.stamped(combo, revision, _aborted(combo, key, True))
+                )
+            result.attempts.append(
+                AttemptRecord(key, None, "local_overload", decision.reason, None, elapsed)
+            )
+            result.failure = failure
+            result.decision = decision
+            attempted.add(key)
+            after_failure = True
+            continue
         at = now()
         found = cooldown(failure, decision, combo_cooldown_ms=combo.cooldown_ms, now=at)
         until = None if found is None or not outcome.cool else at + found.ms

@@ -29,6 +29,7 @@ TRANSPORT_KINDS: frozenset[str] = frozenset(
         "timeout_total",
         "malformed",
         "undeclared_tool",
+        "local",  # ocx's own limit (pool, file descriptors); the cause is in `error_code`
     }
 )
 STREAM_EVENTS: frozenset[str] = frozenset({"response.failed", "response.incomplete", "error"})
@@ -86,6 +87,8 @@ class Decision:
     needs_larger_context: bool = False
     code: str = ""
     row: int = 0
+    # ocx's own limit stopped the attempt (transport "local"): nothing about the target at all.
+    local_overload: bool = False
 
     @property
     def hop(self) -> bool:
@@ -772,6 +775,17 @@ def classify(failure: Failure) -> Decision:
     and the `response_format` refusal hop without cooling. Client aborts must be handled by the
     caller before classification; a 499 here stops without cooling.
     """
+    if failure.transport == "local":
+        # ocx ran out of its own pool slots or file descriptors before reaching the upstream:
+        # not the target's fault. Another target (its own pool) may still serve the request.
+        return Decision(
+            action="hop",
+            reason=f"local: {failure.error_code or 'overloaded'}",
+            scope="none",
+            request_local=True,
+            code="ocx_overloaded",
+            local_overload=True,
+        )
     if failure.transport == "undeclared_tool":
         # The model called a tool the request did not declare (PRODUCT §5.4): a model-output
         # problem, not a provider outage, so it hops without cooling the target.

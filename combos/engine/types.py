@@ -55,6 +55,8 @@ class ProviderSpec:
     disabled: bool = False
     timeouts: Timeouts = Timeouts()
     models: Mapping[str, ModelSpec] = field(default_factory=_empty_map)  # type: ignore[arg-type]
+    # Upstream connections per worker; None = `OCX_UPSTREAM_MAX_CONNECTIONS`.
+    max_connections: int | None = None
 
 
 @dataclass(frozen=True)

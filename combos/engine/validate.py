@@ -230,7 +230,17 @@ _COMBO_FIELDS: frozenset[str] = frozenset(
 )
 _TARGET_FIELDS: frozenset[str] = frozenset({"provider", "model", "weight", "lastResort"})
 _PROVIDER_FIELDS: frozenset[str] = frozenset(
-    {"adapter", "baseUrl", "apiKeyEnv", "apiKey", "headers", "disabled", "timeouts", "models"}
+    {
+        "adapter",
+        "baseUrl",
+        "apiKeyEnv",
+        "apiKey",
+        "headers",
+        "disabled",
+        "timeouts",
+        "maxConnections",
+        "models",
+    }
 )
 _MODEL_FIELDS: frozenset[str] = frozenset(
     {
@@ -725,6 +735,10 @@ def msg_header_value(name: str) -> str:
     return f'headers["{name}"] must be a string without CR, LF or NUL'
 
 
+MAX_CONNECTIONS_LIMIT = 1_000_000
+MSG_MAX_CONNECTIONS = f"maxConnections must be an integer from 1 to {MAX_CONNECTIONS_LIMIT}"
+
+
 def msg_timeout(key: str) -> str:
     return f"timeouts.{key} must be a positive integer"
 
@@ -868,7 +882,8 @@ def validate_provider(name: str, raw: object, *, combo_ids: Collection[str]) -> 
 
     Checks the name grammar (as a combo id), the reserved `combo` name while `combo_ids` is
     non-empty and a clash with a combo id; then `adapter` and `baseUrl` (required), `apiKeyEnv`,
-    the write-only `apiKey`, `headers`, `disabled`, `timeouts`, `models.<id>` and unknown fields.
+    the write-only `apiKey`, `headers`, `disabled`, `timeouts`, `maxConnections` (null: the
+    `OCX_UPSTREAM_MAX_CONNECTIONS` default), `models.<id>` and unknown fields.
     Paths are relative to the provider; name problems have the path `()`.
     """
     return _validate_provider(name, raw, combo_ids=combo_ids, check_collision=True)
@@ -902,6 +917,9 @@ def _validate_provider(
         issues.append(Issue(("disabled",), MSG_DISABLED))
     if raw.get("timeouts") is not None:
         issues.extend(_validate_timeouts(raw["timeouts"]))
+    limit = raw.get("maxConnections")
+    if limit is not None and _int_in(limit, 1, MAX_CONNECTIONS_LIMIT) is None:
+        issues.append(Issue(("maxConnections",), MSG_MAX_CONNECTIONS))
     models = raw.get("models")
     if models is not None:
         if not isinstance(models, Mapping):
@@ -972,6 +990,7 @@ def normalize_provider(
                 for key, attr in _TIMEOUT_FIELDS
             }
         ),
+        max_connections=_int_in(raw.get("maxConnections"), 1, MAX_CONNECTIONS_LIMIT),
         models=MappingProxyType(
             {
                 mid: _normalize_model(mid, m)
@@ -1003,8 +1022,9 @@ def provider_to_sparse(spec: ProviderSpec) -> dict[str, object]:
     """The stored / dumped / GET form of a provider: defaults omitted, never `apiKey`.
 
     Always `adapter` and `baseUrl`; `apiKeyEnv`, `headers`, `disabled: true`, the non-default
-    `timeouts` keys and `models` only when set. Whether a stored key exists is the caller's to
-    report (e.g. a masked hint in the admin); this function never sees a reason to.
+    `timeouts` keys, `maxConnections` and `models` only when set. Whether a stored key exists is
+    the caller's to report (e.g. a masked hint in the admin); this function never sees a reason
+    to.
     """
     out: dict[str, object] = {"adapter": spec.adapter, "baseUrl": spec.base_url}
     if spec.api_key_env is not None:
@@ -1021,6 +1041,8 @@ def provider_to_sparse(spec: ProviderSpec) -> dict[str, object]:
     }
     if timeouts:
         out["timeouts"] = timeouts
+    if spec.max_connections is not None:
+        out["maxConnections"] = spec.max_connections
     if spec.models:
         out["models"] = {mid: _model_to_sparse(m) for mid, m in spec.models.items()}
     return out

@@ -15,7 +15,7 @@ from typing import Any, cast
 import httpx
 import pytest
 
-from providers.http1 import Http1Transport
+from providers.http1 import Http1Transport, LocalOverload
 from tests.certs import self_signed
 
 Answer = Callable[[asyncio.StreamWriter, int], Awaitable[None]]
@@ -271,8 +271,9 @@ async def test_full_pool_waits_then_times_out_and_frees_on_close() -> None:
             # Nothing frees `held`, so this request can only wait out its pool timeout: 0 s
             # ends that wait on the loop's next pass, with no timer to sit through.
             no_wait = httpx.Timeout(1.0, read=None, pool=0)
-            with pytest.raises(httpx.PoolTimeout):
+            with pytest.raises(LocalOverload) as raised:
                 await c.send(c.build_request("POST", srv.url, content=b"{}", timeout=no_wait))
+            assert raised.value.cause == "pool_full"
             waiting = asyncio.ensure_future(post(c, srv.url))
             await settle()
             assert not waiting.done() and len(pool(c)._waiters) == 1

@@ -33,6 +33,11 @@ def _set_parser() -> _Parser:
     p.add_argument("--model", action="append", default=[], metavar="ID[:CONTEXT_WINDOW]")
     p.add_argument("--disabled", action="store_true")
     p.add_argument("--enabled", action="store_true")
+    p.add_argument(
+        "--max-connections",
+        metavar="N|-",
+        help="upstream connections per worker (- = the OCX_UPSTREAM_MAX_CONNECTIONS default)",
+    )
     p.add_argument("--from-json", metavar="JSON", help="the whole provider object as JSON")
     return p
 
@@ -66,7 +71,7 @@ ocx provider list
                         [--header NAME=VALUE ...] [--model ID[:CONTEXT_WINDOW] ...]
        ocx provider set NAME --adapter A --base-url URL [--api-key-env VAR | --api-key-stdin]
                         [--header NAME=VALUE ...] [--model ID[:CONTEXT_WINDOW] ...]
-                        [--disabled | --enabled] [--from-json JSON]
+                        [--disabled | --enabled] [--max-connections N|-] [--from-json JSON]
        ocx provider remove NAME --yes
 """
 EPILOG = """\
@@ -80,6 +85,7 @@ examples:
       --base-url http://127.0.0.1:8000/v1 --api-key-stdin --model qwen3-coder:128000
   ocx provider show openai
   ocx provider set openai --disabled
+  ocx provider set openai --max-connections 2000   # per worker; default 1024
   ocx provider remove local --yes
 """
 
@@ -181,6 +187,12 @@ class Command(ExamplesCommand):
             raw["disabled"] = True
         if ns.enabled:
             raw.pop("disabled", None)
+        if ns.max_connections == "-":
+            raw.pop("maxConnections", None)
+        elif ns.max_connections is not None:
+            # Not a number stays a string: the validator's message names the field and range.
+            text = ns.max_connections.strip()
+            raw["maxConnections"] = int(text) if text.isdigit() else text
         provider = services.provider_set(name=ns.name, raw=raw)
         self.stdout.write(f"Saved provider {provider.name}.")
 
