@@ -23,6 +23,14 @@ from ocxsite.proxy import ProxyApp  # noqa: E402
 
 proxy_app = ProxyApp()
 
+if os.environ.get("OCX_WORKER"):
+    # `ocx serve` raised it already (inherited); a worker started some other way raises its own.
+    from ocxsite import fdlimit  # noqa: E402
+
+    _nofile = fdlimit.raise_soft_limit()
+    if _nofile is not None:
+        fdlimit.log.info("worker %d open-files limit: %d", os.getpid(), _nofile[1])
+
 
 async def http_router(scope, receive, send):  # type: ignore[no-untyped-def]
     if scope["path"].startswith("/v1/"):

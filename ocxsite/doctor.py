@@ -269,8 +269,39 @@ def check_catalog(snapshot: object) -> list[Check]:
     return out
 
 
+def check_open_files() -> Check:
+    """The open-files limit `ocx serve` will run with (it raises the soft limit to the hard)
+    against `HEADROOM` × the streams one worker is expected to carry."""
+    from ocxsite import fdlimit
+
+    served = fdlimit.served_limit()
+    if served is None:
+        return Check("open files", OK, "no RLIMIT_NOFILE on this system")
+    streams = fdlimit.expected_streams()
+    need = fdlimit.HEADROOM * streams
+    detail = (
+        f"{served} per worker (the hard limit; ocx serve raises the soft limit to it), "
+        f"{fdlimit.HEADROOM} x {streams} expected streams = {need}"
+    )
+    if served < need:
+        return Check(
+            "open files",
+            WARN,
+            f"{detail}: a worker may run out of file descriptors (503 ocx_overloaded); raise "
+            "the hard limit (systemd LimitNOFILE=65536, docker --ulimit nofile=65536) or lower "
+            "OCX_UPSTREAM_MAX_CONNECTIONS (docs/deployment.md)",
+        )
+    return Check("open files", OK, detail)
+
+
 def run_checks(*, host: str) -> list[Check]:
-    checks = [check_migrations(), check_secret_key(), check_redis(), check_bind(host)]
+    checks = [
+        check_migrations(),
+        check_secret_key(),
+        check_redis(),
+        check_bind(host),
+        check_open_files(),
+    ]
     if checks[0].verdict != OK:
         return checks
     from combos.selectors import config_snapshot

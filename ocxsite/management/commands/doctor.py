@@ -12,7 +12,8 @@ from providers.management.base import ExamplesCommand
 
 EPILOG = """\
 checks: migrations applied, secret key source, Redis reachable (when REDIS_URL is set),
-the bind address against OCX_ALLOWED_HOSTS, each provider's credential, each combo has an
+the bind address against OCX_ALLOWED_HOSTS, the open-files limit (at least 4 x
+OCX_UPSTREAM_MAX_CONNECTIONS per worker), each provider's credential, each combo has an
 eligible target, the Codex catalog validates. Verdicts: ok, warn, fail; any fail exits 1.
 
 examples:

@@ -169,6 +169,7 @@ class Command(ExamplesCommand):
             raise CommandError(WORKERS_NEED_REDIS.format(n=workers))
         server: str = options["server"]
         check_server(server)
+        from ocxsite import fdlimit
         from ocxsite.doctor import (
             created_message,
             data_dir_note,
@@ -178,6 +179,12 @@ class Command(ExamplesCommand):
 
         if not options["no_migrate"] and migrate_if_needed():
             self.stderr.write(created_message())
+        # The workers inherit the raised limit (every stream holds two sockets in a worker).
+        raised = fdlimit.raise_soft_limit()
+        if raised is not None:
+            before, now = raised
+            change = "" if before == now else f" (raised from {before})"
+            self.stdout.write(f"ocx open-files limit: {now}{change}")
         self.stdout.write(f"ocx database: {database_label()} ({data_dir_note()})")
         sock = _listen(options["host"], options["port"])
         host, port = sock.getsockname()[:2]
