@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -32,10 +32,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _start(
-    cmd: list[str], env: dict[str, str], marker: str, timeout: float = 30
+    cmd: list[str],
+    env: dict[str, str],
+    marker: str,
+    timeout: float = 30,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=preexec_fn,
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout
@@ -207,8 +217,10 @@ def start_server(
     extra_env: dict[str, str] | None = None,
     server_args: list[str] | None = None,
     database_url: str | None = None,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> tuple[Server, callable]:  # type: ignore[valid-type]
     # `database_url`: a database the test runs itself (tests/ocxsite/deps.py PgCluster).
+    # `preexec_fn`: run in the `ocx serve` child before it starts (e.g. a lowered rlimit).
     db_url, drop = (database_url, lambda: None) if database_url else _server_database()
     env = {
         **os.environ,
@@ -237,6 +249,7 @@ def start_server(
         env,
         "ocx listening on",
         timeout=60,
+        preexec_fn=preexec_fn,
     )
     server = Server(url, proc, tmp)
     server.env = env
