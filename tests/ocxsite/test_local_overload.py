@@ -282,17 +282,24 @@ STREAMS = 200
 
 async def _stream_all(
     url: str, combo_id: str, headers: dict[str, str]
-) -> list[tuple[int, str, bytes]]:
+) -> list[tuple[int, str, bytes, float, float]]:
     limits = httpx.Limits(max_connections=STREAMS, max_keepalive_connections=0)
     timeout = httpx.Timeout(120, connect=60, pool=120)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as client:
 
-        async def one() -> tuple[int, str, bytes]:
+        async def one() -> tuple[int, str, bytes, float, float]:
             async with client.stream(
                 "POST", "/v1/responses", json=body(combo_id), headers=headers
             ) as r:
+                started = time.monotonic()  # the response head: the stream is committed
                 data = await r.aread()
-                return r.status_code, r.headers.get("x-ocx-target", ""), data
+                return (
+                    r.status_code,
+                    r.headers.get("x-ocx-target", ""),
+                    data,
+                    started,
+                    time.monotonic(),
+                )
 
         return await asyncio.gather(*(one() for _ in range(STREAMS)))
 
@@ -300,7 +307,8 @@ async def _stream_all(
 def test_two_hundred_long_streams_through_one_worker_all_complete(
     server: Server, mock: Mock
 ) -> None:
-    # Default pool settings (the old pool of 64 gave 136 of these 502 and cooled the target).
+    # Default pool settings: the old pool of 64 connections made stream 65 wait for one of the
+    # first 64 to end (and after connectMs gave it 502 and cooled the target).
     key = server.create_key(user="team")
     for name, model in (("team1", "l1"), ("team2", "l2")):
         server.put_provider(
@@ -316,13 +324,18 @@ def test_two_hundred_long_streams_through_one_worker_all_complete(
     targets = [{"provider": "team1", "model": "l1"}, {"provider": "team2", "model": "l2"}]
     server.put_combo(combo_id, {"targets": targets})
     server.wait_synced()
-    mock.script("l1", [], then={"deltas": 20, "delta_ms": 20})
+    # 20 deltas 20 ms apart, with a pause after the first one that leaves every stream time to
+    # start before any ends, on a loaded machine too.
+    paced = {"deltas": 20, "delta_ms": 20, "stall_after_events": 5, "stall_ms": 3000}
+    mock.script("l1", [], then=paced)
     headers = {"Authorization": f"Bearer {key}"}
     results = asyncio.run(_stream_all(server.url, combo_id, headers))
-    assert [(status, target) for status, target, _ in results] == [(200, "team1/l1")] * STREAMS
-    for _, _, data in results:
+    assert [(status, target) for status, target, *_ in results] == [(200, "team1/l1")] * STREAMS
+    for _, _, data, _, _ in results:
         kinds = [e for e, _ in sse_events(data.decode())]
         assert kinds.count("response.output_text.delta") == 20
         assert kinds[-1] == "response.completed"
+    # All 200 were streaming at once: every one had started before the first one ended.
+    assert max(r[3] for r in results) < min(r[4] for r in results)
     assert mock.hits("l1") == STREAMS and mock.hits("l2") == 0
     assert target_states(server, combo_id) == ["available", "available"]
