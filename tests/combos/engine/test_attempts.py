@@ -152,3 +152,46 @@ def test_the_first_request_on_a_new_definition_starts_from_a_clean_state() -> No
     # the old definition's cooldown does not apply to the new one.
     result, dispatched = run(new, store, {A.key: [OK]}, revision=2)
     assert dispatched == [A.key] and result.served == A
+
+
+LOCAL = Outcome(
+    committed=False,
+    failure=Failure(transport="local", error_code="pool_full", message="no free connection"),
+    cool=False,
+)
+
+
+def test_a_local_overload_writes_nothing_about_the_target_and_tries_the_next() -> None:
+    # ocx's own pool was full: the target is not at fault. The request goes on to a target
+    # with its own pool; nothing is cooled or noted against the first.
+    store = CountingStore()
+    result, dispatched = run(combo("least-used"), store, {A.key: [LOCAL], B.key: [OK]})
+    assert dispatched == [A.key, B.key] and result.served == B
+    assert [(a.target, a.outcome, a.reason, a.cooled_until) for a in result.attempts] == [
+        (A.key, "local_overload", "local: pool_full", None),
+        (B.key, "served", "", None),
+    ]
+    state = asyncio.run(store.get("main"))
+    assert state.cooldowns == {} and state.success_counts == {B.key: 1}
+
+
+def test_a_local_overload_on_every_target_returns_it_and_leaves_them_eligible() -> None:
+    store = CountingStore()
+    result, dispatched = run(combo(), store, {A.key: [LOCAL], B.key: [LOCAL]})
+    assert dispatched == [A.key, B.key] and result.served is None and not result.unavailable
+    assert result.failure == LOCAL.failure
+    assert result.decision is not None and result.decision.code == "ocx_overloaded"
+    assert asyncio.run(store.get("main")) == ComboState()
+    # The next request starts from the first target again.
+    result, dispatched = run(combo(), store, {A.key: [OK]})
+    assert dispatched == [A.key] and result.served == A
+
+
+def test_a_local_overload_hands_back_a_half_open_probe_lease() -> None:
+    store = CountingStore()
+    asyncio.run(store.update("main", lambda s: (ComboState(cooldowns={A.key: NOW}), None)))
+    result, dispatched = run(combo(), store, {A.key: [LOCAL], B.key: [OK]})
+    assert dispatched == [A.key, B.key] and result.served == B
+    state = asyncio.run(store.get("main"))
+    # Still half-open, not cooled again, and no lease left to block the next prober.
+    assert state.cooldowns == {A.key: NOW} and state.probes == {}

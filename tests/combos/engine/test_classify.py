@@ -600,6 +600,17 @@ def test_envelope_peels_at_most_three_provider_wrappers() -> None:
     assert not classify(Failure(status=400, message="Provider error 400: " * 4 + inner)).hop
 
 
+def test_a_local_overload_hops_without_cooling() -> None:
+    decision = classify(Failure(transport="local", error_code="fd_limit"))
+    assert (decision.action, decision.reason, decision.scope, decision.cool) == (
+        "hop",
+        "local: fd_limit",
+        "none",
+        False,
+    )
+    assert decision.local_overload and decision.code == "ocx_overloaded"
+
+
 @pytest.mark.parametrize(
     ("kind", "reason"),
     [

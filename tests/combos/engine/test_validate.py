@@ -713,6 +713,11 @@ def test_good_provider() -> None:
         ),
         ({"timeouts": {"totalMs": 1.5}}, ("timeouts", "totalMs"), v.msg_timeout("totalMs")),
         ({"timeouts": {"readMs": 5}}, ("timeouts", "readMs"), 'unknown field "readMs"'),
+        ({"maxConnections": 0}, ("maxConnections",), v.MSG_MAX_CONNECTIONS),
+        ({"maxConnections": "64"}, ("maxConnections",), v.MSG_MAX_CONNECTIONS),
+        ({"maxConnections": 2.5}, ("maxConnections",), v.MSG_MAX_CONNECTIONS),
+        ({"maxConnections": True}, ("maxConnections",), v.MSG_MAX_CONNECTIONS),
+        ({"maxConnections": 1_000_001}, ("maxConnections",), v.MSG_MAX_CONNECTIONS),
         ({"models": []}, ("models",), v.MSG_MODELS),
         ({"models": {"a b": {}}}, ("models", "a b"), v.MSG_MODEL_ID),
         ({"models": {"m": None}}, ("models", "m"), v.msg_model_object("m")),
@@ -1071,3 +1076,14 @@ def test_resolve_legacy_combo_provider() -> None:
     legacy = _snapshot({}, providers=("combo",))
     assert resolve_model("combo/m", legacy) == v.Resolution("target", provider="combo", model="m")
     assert resolve_model("combo/m", _snapshot({})) == v.Resolution("unknown_combo", combo_id="m")
+
+
+def test_provider_max_connections_round_trips_and_defaults_to_none() -> None:
+    base = {"adapter": "openai-chat", "baseUrl": "http://h/v1"}
+    assert v.validate_provider("p", {**base, "maxConnections": 2000}, combo_ids=[]) == []
+    assert v.validate_provider("p", {**base, "maxConnections": None}, combo_ids=[]) == []
+    spec = v.normalize_provider("p", {**base, "maxConnections": 2000})
+    assert spec.max_connections == 2000
+    assert v.provider_to_sparse(spec)["maxConnections"] == 2000
+    plain = v.normalize_provider("p", base)
+    assert plain.max_connections is None and "maxConnections" not in v.provider_to_sparse(plain)
