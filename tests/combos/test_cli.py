@@ -449,6 +449,16 @@ def test_provider_commands(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
     assert "sk-test-cli-secret-value" not in shown_text
     assert json.loads(shown_text)["apiKeySet"] is True
     assert json.loads(shown_text)["disabled"] is True
+    run.ok("provider", "set", "p1", "--max-connections", "2000")
+    assert json.loads(run.ok("provider", "show", "p1"))["maxConnections"] == 2000
+    assert run.fail("provider", "set", "p1", "--max-connections", "0") == (
+        "maxConnections must be an integer from 1 to 1000000"
+    )
+    assert run.fail("provider", "set", "p1", "--max-connections", "many") == (
+        "maxConnections must be an integer from 1 to 1000000"
+    )
+    run.ok("provider", "set", "p1", "--max-connections", "-")
+    assert "maxConnections" not in json.loads(run.ok("provider", "show", "p1"))
     assert run.ok("provider", "list") == "p1  openai-chat  https://x.example/v1 (disabled)\n"
     assert run.fail("provider", "show", "ghost") == "unknown provider ghost"
     assert run.fail("provider", "set", "p2", "--adapter", "nope", "--base-url", "https://x") == (

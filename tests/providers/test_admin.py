@@ -84,3 +84,13 @@ def test_admin_rejects_unknown_effort_in_model_ladder(staff: Client) -> None:
     assert response.status_code == 200
     assert "reasoningEfforts" in response.content.decode()
     assert not Provider.objects.exists()
+
+
+def test_admin_sets_and_validates_max_connections(staff: Client) -> None:
+    response = staff.post("/admin/providers/provider/add/", _post(max_connections="0"))
+    assert response.status_code == 200
+    assert "maxConnections must be an integer from 1 to 1000000" in response.content.decode()
+    assert not Provider.objects.exists()
+    response = staff.post("/admin/providers/provider/add/", _post(max_connections="2000"))
+    assert response.status_code == 302, response.content.decode()[:3000]
+    assert Provider.objects.get(name="openai").max_connections == 2000

@@ -117,6 +117,7 @@ def test_put_full_provider_round_trip(api: Api) -> None:
         "headers": {"X-Team": "core"},
         "disabled": True,
         "timeouts": {"connectMs": 1000, "firstByteMs": 20000},
+        "maxConnections": 2000,
         "models": {
             "m1": {
                 "contextWindow": 128000,
@@ -133,6 +134,7 @@ def test_put_full_provider_round_trip(api: Api) -> None:
         "headers": {"X-Team": "core"},
         "disabled": True,
         "timeouts": {"connectMs": 1000},
+        "maxConnections": 2000,
         "models": {
             "m1": {
                 "contextWindow": 128000,
@@ -234,6 +236,8 @@ def test_omitted_api_key_keeps_stored_key(api: Api) -> None:
         ),
         ("p", {**BASE, "headers": ["x"]}, "headers must be an object of string values"),
         ("p", {**BASE, "disabled": "yes"}, "disabled must be a boolean"),
+        ("p", {**BASE, "maxConnections": 0}, validate.MSG_MAX_CONNECTIONS),
+        ("p", {**BASE, "maxConnections": "2000"}, validate.MSG_MAX_CONNECTIONS),
         ("p", {**BASE, "extra": 1}, 'unknown field "extra"'),
         (
             "p",
