@@ -56,6 +56,9 @@ LOCAL_CAUSES: tuple[str, ...] = ("pool_full", "fd_limit", "no_local_port", "no_m
 # Set on a request's extensions while it waits for a pool slot, so a caller whose own timeout
 # ends that wait can tell it from a slow upstream.
 POOL_WAIT = "ocx.pool_wait"
+# A callable on a request's extensions, called when a wait for a pool slot ends with one: the
+# caller's clock for the upstream starts there.
+POOL_SLOT = "ocx.pool_slot"
 
 
 class LocalOverload(httpx.TransportError):
@@ -463,6 +466,9 @@ class Http1Transport(httpx.AsyncBaseTransport):
             # Cancelled (by the caller's own timeout): the mark stays for the caller to read.
             raise
         request.extensions.pop(POOL_WAIT, None)
+        on_slot = request.extensions.get(POOL_SLOT)
+        if on_slot is not None:
+            on_slot()
 
     def _wake_waiter(self) -> None:
         while self._waiters:

@@ -22,7 +22,7 @@ import httpx
 from combos.engine.attempts import Outcome
 from combos.engine.classify import FAILURE_BODY_LIMIT, Failure, failure_from_response, redact
 from combos.engine.types import ProviderSpec, TargetSpec
-from providers.http1 import POOL_WAIT, Http1Transport, LocalOverload
+from providers.http1 import POOL_SLOT, POOL_WAIT, Http1Transport, LocalOverload
 from providers.wire import chat
 from providers.wire.commit import (
     CommitScanner,
@@ -394,8 +394,12 @@ async def attempt(
     # included) when it is done, so it gets totalMs for everything (PRODUCT §3.1).
     started = time.monotonic()
     wait_s = (t.first_byte_ms if stream else t.total_ms) / 1000
+    loop = asyncio.get_running_loop()
     try:
-        async with asyncio.timeout(wait_s):
+        async with asyncio.timeout(wait_s) as window:
+            # Time spent waiting for ocx's own pool is not the upstream's: its window starts
+            # again when a connection frees (the wait itself is bounded, `ProviderClient`).
+            request.extensions[POOL_SLOT] = lambda: window.reschedule(loop.time() + wait_s)
             resp = await client.send(request)
     except LocalOverload as exc:
         return Outcome(False, local_failure(exc.cause, str(exc)), cool=False)
