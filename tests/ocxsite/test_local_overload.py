@@ -165,8 +165,8 @@ FD_LIMIT = 160
 
 
 def _low_fd_limit() -> None:
-    # Soft and hard: `ocx serve` raises its soft limit to the hard one, and must not get past.
-    resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
+    # A hard limit `ocx serve` cannot pass; it raises the soft limit to it.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT // 2, FD_LIMIT))
 
 
 @pytest.fixture
@@ -218,7 +218,11 @@ def _read_answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
 
 def test_out_of_file_descriptors_is_a_local_overload(fd_server: Server, mock: Mock) -> None:
     server = fd_server
-    assert any(f"ocx open-files limit: {FD_LIMIT}" in line for line in server.output)
+    raised = f"ocx open-files limit: {FD_LIMIT} (raised from {FD_LIMIT // 2})"
+    assert any(raised in line for line in server.output)
+    assert any(
+        f"open-files limit: {FD_LIMIT}" in line and "worker" in line for line in server.output
+    )
     combo_id, headers = setup(server, mock, [("fds", "f1", {})])
     mock.script("f1", [], then=HELD)
     # The probe's connection is accepted now, while the worker still has descriptors: its
