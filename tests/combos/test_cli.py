@@ -472,7 +472,7 @@ def test_provider_remove_guard(run: Run, providers: None) -> None:
 
 
 def test_key_create_and_revoke(run: Run) -> None:
-    out = run.ok("key", "create", "--user", "alice", "--name", "laptop")
+    out = run.ok("key", "create", "--user", "alice", "--create-user", "--name", "laptop")
     lines = out.splitlines()
     assert len(lines) == 2
     secret = lines[1]

@@ -344,6 +344,49 @@ def test_user_command_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
 # --- demo -------------------------------------------------------------------------------
 
 
+def test_two_demos_side_by_side_both_answer(tmp_path: Path) -> None:
+    # The demo's mock upstream takes a free port: 8790 taken, a second demo beside the first,
+    # and a rerun on the first one's data directory (its providers re-pointed) all answer.
+    busy = socket.socket()
+    if _port_free(8790):
+        busy.bind(("127.0.0.1", 8790))
+        busy.listen()
+
+    def ask(server: object) -> int:
+        out = "".join(server.output)  # type: ignore[attr-defined]
+        secret = out.split("client key:")[1].split()[0]
+        return server.http.post(  # type: ignore[attr-defined, no-any-return]
+            "/v1/responses",
+            headers={"Authorization": f"Bearer {secret}"},
+            json={"model": "combo/demo", "input": "hi"},
+        ).status_code
+
+    try:
+        a, stop_a = start_server(tmp_path / "a", server_args=["--demo"])
+        b, stop_b = start_server(tmp_path / "b", server_args=["--demo"])
+        try:
+            assert (ask(a), ask(b)) == (200, 200)
+        finally:
+            stop_a()
+            stop_b()
+        again, stop_again = start_server(tmp_path / "a", server_args=["--demo"])
+        try:
+            assert ask(again) == 200
+        finally:
+            stop_again()
+    finally:
+        busy.close()
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def test_demo_is_idempotent_one_user_one_live_key() -> None:
     access.client_key_create(username="mock", name="demo")  # left by an older release
     first = demo_setup(proxy_url="http://p", mock_url="http://m")
@@ -358,9 +401,10 @@ def test_demo_is_idempotent_one_user_one_live_key() -> None:
 
 
 def test_serve_prints_its_database_and_demo_user(tmp_path: Path) -> None:
-    server, stop = start_server(tmp_path, server_args=["--demo", "--mock-port", "0"])
+    server, stop = start_server(tmp_path, server_args=["--demo"])
     try:
         out = "".join(server.output)
+        assert f"Admin and dashboard: {server.url}/admin/" in out
         assert "ocx database: " in out
         if "DATABASE_URL" not in server.env:
             assert f"ocx database: {(tmp_path / 'ocx.sqlite3').resolve()}" in out
@@ -394,3 +438,59 @@ def test_user_made_by_key_create_has_no_password_and_can_be_deactivated(
     code, out, err = run(capsys, "user", "deactivate", "carol")
     assert (code, out, err) == (0, "Deactivated carol; 1 active key(s) no longer work.\n", "")
     assert access.digest(secret) not in access.client_keys_active()
+
+
+# --- typos and deactivated users (issue 28 items 2 and 3) ---------------------------------
+
+
+def test_key_create_refuses_an_unknown_user_unless_asked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run(capsys, "key", "create", "--user", "alcie")
+    assert (code, out) == (1, "")
+    assert err == (
+        "ocx: no user alcie: create it with `ocx user create alcie` (or pass --create-user)\n"
+    )
+    assert not get_user_model().objects.filter(username="alcie").exists()
+    assert not ClientKey.objects.exists()
+    code, out, _ = run(capsys, "key", "create", "--user", "alcie", "--create-user")
+    assert code == 0 and out.startswith("Created key ")
+    assert get_user_model().objects.get(username="alcie").is_active
+
+
+def test_deactivated_user_gets_no_key_then_activate_and_remove(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, secret = access.client_key_create(username="bob")
+    assert run(capsys, "user", "deactivate", "bob")[0] == 0
+    code, out, err = run(capsys, "key", "create", "--user", "bob")
+    assert (code, out) == (1, "")
+    assert err == (
+        "ocx: user bob is deactivated: reactivate it with `ocx user activate bob` "
+        "before giving it a key\n"
+    )
+    assert ClientKey.objects.count() == 1
+    assert run(capsys, "user", "activate", "bob") == (
+        0,
+        "Activated bob; 1 key(s) work again.\n",
+        "",
+    )
+    assert access.digest(secret) in access.client_keys_active()
+    assert run(capsys, "user", "activate", "bob")[2] == "ocx: user bob is already active\n"
+    token, _ = access.mgmt_token_create(username="bob")
+    # remove: confirmation first, then every key and token revoked, the row kept.
+    code, _, err = run(capsys, "user", "remove", "bob")
+    assert code == 1 and "add --yes to confirm" in err
+    assert access.digest(secret) in access.client_keys_active()
+    assert run(capsys, "user", "remove", "bob", "--yes") == (
+        0,
+        "Removed bob: 1 key(s) revoked, login disabled; their usage history stays.\n",
+        "",
+    )
+    bob = get_user_model().objects.get(username="bob")
+    assert not bob.is_active and not bob.has_usable_password()
+    assert access.digest(secret) not in access.client_keys_active()
+    token.refresh_from_db()
+    assert token.revoked is not None
+    assert ClientKey.objects.get().revoked is not None
+    assert run(capsys, "user", "remove", "nobody", "--yes")[2] == "ocx: no user nobody\n"

@@ -159,7 +159,9 @@ class Command(ExamplesCommand):
         parser.add_argument(
             "--no-migrate", action="store_true", help="do not apply database migrations at start"
         )
-        parser.add_argument("--mock-port", type=int, default=8790, help=argparse.SUPPRESS)
+        # 0: a free port each start (the demo provider is pointed at it), so two demos, or
+        # anything else on 8790, do not collide.
+        parser.add_argument("--mock-port", type=int, default=0, help=argparse.SUPPRESS)
 
     def handle(self, *args: Any, **options: Any) -> None:
         workers: int = options["workers"]
@@ -265,7 +267,8 @@ def _start_mock(port: int) -> tuple[subprocess.Popen[bytes], str]:
     line = proc.stdout.readline().decode().strip()
     if "listening on" not in line:
         proc.kill()
-        raise CommandError(f"the demo mock upstream did not start (port {port} busy?)")
+        where = f"port {port} busy?" if port else "see its output above"
+        raise CommandError(f"the demo mock upstream did not start ({where})")
     return proc, line.rsplit(" ", 1)[-1]
 
 
