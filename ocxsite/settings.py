@@ -10,6 +10,8 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from ocxsite.paths import SQLITE_NAME, data_dir_path
+
 
 def env_bool(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
@@ -45,7 +47,7 @@ def env_list(name: str, default: str) -> list[str]:
 
 
 def _data_dir() -> Path:
-    path = Path(os.environ.get("OCX_DATA_DIR") or "./var").expanduser().resolve()
+    path = data_dir_path()
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -69,7 +71,7 @@ def _secret_key(data_dir: Path) -> str:
 
 
 def _database(data_dir: Path) -> dict[str, object]:
-    url = os.environ.get("DATABASE_URL") or f"sqlite:///{data_dir / 'ocx.sqlite3'}"
+    url = os.environ.get("DATABASE_URL") or f"sqlite:///{data_dir / SQLITE_NAME}"
     scheme = urlsplit(url).scheme
     if scheme not in ("sqlite", "postgres", "postgresql", "pgsql", "mysql"):
         raise ImproperlyConfigured(

@@ -308,7 +308,7 @@ def _ocx(args: list[str], data_dir: Path | None, cwd: Path) -> subprocess.Comple
 
 def test_a_command_that_creates_the_database_says_so(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    first = _ocx(["combo", "list"], data, tmp_path)
+    first = _ocx(["user", "create", "ann", "--no-password"], data, tmp_path)
     assert first.returncode == 0, first.stderr
     db = (data / "ocx.sqlite3").resolve()
     assert first.stderr == (f"ocx: created a new database at {db} (OCX_DATA_DIR={data})\n")
@@ -325,13 +325,49 @@ def test_a_command_that_creates_the_database_says_so(tmp_path: Path) -> None:
 def test_the_default_data_directory_is_named_when_it_is_created(tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    done = _ocx(["combo", "list"], None, elsewhere)
+    done = _ocx(["user", "create", "ann", "--no-password"], None, elsewhere)
     assert done.returncode == 0, done.stderr
     var = (elsewhere / "var").resolve()
     assert done.stderr == (
         f"ocx: created a new database at {var / 'ocx.sqlite3'} "
         f"(OCX_DATA_DIR not set: ./var of the current directory, {var})\n"
     )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["key", "list"],
+        ["key"],
+        ["status"],
+        ["usage"],
+        ["combo", "list"],
+        ["provider", "list"],
+        ["user", "list"],
+        ["catalog", "show"],
+        ["config", "dump"],
+    ],
+)
+def test_a_read_command_never_creates_a_database(tmp_path: Path, args: list[str]) -> None:
+    # Issue 28 item 8: `ocx key list` elsewhere exited 0 with empty output and left ./var.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = _ocx(args, None, elsewhere)
+    var = (elsewhere / "var").resolve()
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        f"ocx: no database at {var / 'ocx.sqlite3'} (OCX_DATA_DIR not set: ./var of the "
+        f"current directory, {var}); set OCX_DATA_DIR to the server's data directory (or "
+        "DATABASE_URL), or create one with `ocx serve`\n"
+    )
+    assert list(elsewhere.iterdir()) == []
+    # With the data directory named, the same command reads the database it finds there.
+    data = tmp_path / "data"
+    assert _ocx(["user", "create", "ann", "--no-password"], data, tmp_path).returncode == 0
+    found = _ocx(args, data, tmp_path)
+    # (`catalog show` of an empty setup still fails, for its own reason.)
+    assert "no database" not in found.stderr and found.returncode in (0, 1)
+    assert found.returncode == 0 or args == ["catalog", "show"]
 
 
 def test_user_command_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
