@@ -244,22 +244,6 @@ def _all_out_of_quota(targets: list[dict[str, Any]]) -> str | None:
     return "Every usable target is out of quota: " + "; ".join(reasons)
 
 
-def undeclared_models(combo: Combo) -> list[str]:
-    """A note per target whose model its provider does not declare (allowed: sent as typed)."""
-    notes = []
-    for target in combo.targets.select_related("provider").prefetch_related("provider__models"):
-        declared = sorted(m.model_id for m in target.provider.models.all())
-        if target.model in declared:
-            continue
-        known = ", ".join(declared) if declared else "none"
-        notes.append(
-            f'Target {target.provider.name}/{target.model}: provider "{target.provider.name}" '
-            f'does not declare model "{target.model}" (declared: {known}); it is sent upstream '
-            "as typed."
-        )
-    return notes
-
-
 class ComboTargetInline(admin.TabularInline):  # type: ignore[type-arg]
     model = ComboTarget
     form = ComboTargetForm
@@ -396,7 +380,7 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             clear_on_commit({form.initial.get("combo_id") or "", form.instance.combo_id})
         with transaction.atomic():
             provider_services.config_bump()
-        for note in undeclared_models(form.instance):
+        for note in selectors.combo_warnings(form.instance.combo_id):
             messages.warning(request, note)
 
     def delete_model(self, request: HttpRequest, obj: Combo) -> None:

@@ -515,7 +515,8 @@ def test_admin_undeclared_model_and_keyboard_reorder(
     warnings = page.locator(".messagelist .warning").all_inner_texts()
     assert warnings == [
         'Target delta/m-delta-preview: provider "delta" does not declare model '
-        '"m-delta-preview" (declared: m-delta); it is sent upstream as typed.'
+        '"m-delta-preview" (declared: m-delta); it is sent upstream as typed, and the combo '
+        "is left out of the Codex catalog until the model is declared."
     ]
     assert stored_targets(server, "keys") == [
         ("delta", "m-delta-preview", 1),

@@ -255,5 +255,6 @@ def test_undeclared_model_is_saved_with_a_warning(staff: Client) -> None:
     warnings = [str(m) for m in response.context["messages"] if m.level_tag == "warning"]
     assert warnings == [
         'Target p2/m2-preview: provider "p2" does not declare model "m2-preview" '
-        "(declared: m2); it is sent upstream as typed."
+        "(declared: m2); it is sent upstream as typed, and the combo is left out of the Codex "
+        "catalog until the model is declared."
     ]

@@ -186,6 +186,21 @@ def test_doctor_credentials_combos_and_hosts(
     assert "sk-doctor-test-0000" not in json.dumps(report)
     assert code == 0  # a warn does not fail
 
+    # A mistyped model is named, with the provider's models (issue 28 item 6).
+    combo_services.combo_set(
+        combo_id="team", raw={"targets": [{"provider": "up", "model": "gpt-5.55"}]}
+    )
+    code, report = doctor_json(capsys)
+    assert code == 0 and verdicts(report)["combo/team up/gpt-5.55"] == "warn"
+    detail = {c["name"]: c["detail"] for c in report["checks"]}  # type: ignore[attr-defined]
+    assert detail["combo/team up/gpt-5.55"].startswith(
+        'Target up/gpt-5.55: provider "up" does not declare model "gpt-5.55" (declared: '
+    )
+    assert "gpt-5.5," in detail["combo/team up/gpt-5.55"]
+    combo_services.combo_set(
+        combo_id="team", raw={"targets": [{"provider": "up", "model": "gpt-5.5"}]}
+    )
+
     code, report = doctor_json(capsys, "--host", "0.0.0.0")
     assert code == 1 and verdicts(report)["allowed hosts"] == "fail"
     monkeypatch.setattr("django.conf.settings.ALLOWED_HOSTS", ["ocx.internal", "localhost"])
