@@ -545,3 +545,24 @@ def test_deactivated_user_gets_no_key_then_activate_and_remove(
     assert token.revoked is not None
     assert ClientKey.objects.get().revoked is not None
     assert run(capsys, "user", "remove", "nobody", "--yes")[2] == "ocx: no user nobody\n"
+
+
+def test_password_errors_read_as_sentences(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 28 item 10: "…characters.; This password is too common."
+    monkeypatch.setattr("sys.stdin", io.StringIO("password\n"))
+    code, out, err = run(capsys, "user", "create", "weak", "--password-stdin")
+    assert (code, out) == (1, "")
+    assert ".;" not in err
+    assert err.startswith("ocx: This password is too short.") and err.endswith(
+        " This password is too common.\n"
+    ), err
+
+
+def test_messages_text_joins_sentences() -> None:
+    from providers.management.base import messages_text
+
+    assert messages_text(["no user x"]) == "no user x"
+    assert messages_text(["Too short.", "Too common."]) == "Too short. Too common."
+    assert messages_text(["a", "b."]) == "a. b."

@@ -15,7 +15,7 @@ from django.core.management.base import CommandError, CommandParser
 from ocxsite import access, key_services
 from ocxsite.budgets import BudgetError, parse_cli_budget, stored_budgets
 from ocxsite.models import ClientKey
-from providers.management.base import ExamplesCommand
+from providers.management.base import ExamplesCommand, messages_text
 
 
 class _Parser(argparse.ArgumentParser):
@@ -85,7 +85,7 @@ class Command(ExamplesCommand):
                     create_user=ns.create_user,
                 )
             except ValidationError as exc:
-                raise CommandError("; ".join(exc.messages)) from None
+                raise CommandError(messages_text(exc.messages)) from None
             except access.KeyOwnerError as exc:
                 raise CommandError(exc.message) from None
             self.stdout.write(f"Created key {key.pk} for {ns.user}. It is shown only once:")
@@ -142,7 +142,7 @@ class Command(ExamplesCommand):
         except ClientKey.DoesNotExist:
             raise CommandError(f"no active key {rest[0]}") from None
         except ValidationError as exc:
-            raise CommandError("; ".join(exc.messages)) from None
+            raise CommandError(messages_text(exc.messages)) from None
         budgets = ", ".join(b.describe() for b in stored_budgets(key.budgets)) or "none"
         self.stdout.write(f"Updated key {key.pk} ({key.prefix}…). Budgets: {budgets}.")
 
@@ -163,7 +163,7 @@ class Command(ExamplesCommand):
         try:
             row = key_services.user_budgets_set(username=username, budgets=_budgets(ns.budget))
         except ValidationError as exc:
-            raise CommandError("; ".join(exc.messages)) from None
+            raise CommandError(messages_text(exc.messages)) from None
         shown = ", ".join(b.describe() for b in stored_budgets(row and row.budgets))
         self.stdout.write(f"Budgets of user {username}: {shown or 'none'}.")
 

@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import CommandError, CommandParser
 
 from ocxsite import users
-from providers.management.base import ExamplesCommand
+from providers.management.base import ExamplesCommand, messages_text
 
 EPILOG = """\
 examples:
@@ -89,7 +89,7 @@ class Command(ExamplesCommand):
             else:
                 self._list()
         except ValidationError as exc:
-            raise CommandError("; ".join(exc.messages)) from None
+            raise CommandError(messages_text(exc.messages)) from None
 
     def _create(self, options: dict[str, Any]) -> None:
         name: str = options["name"]
