@@ -3,6 +3,7 @@ ask before Django's settings, which create the directory, are loaded)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -20,3 +21,32 @@ def missing_sqlite_database() -> Path | None:
         return None
     path = data_dir_path() / SQLITE_NAME
     return None if path.exists() else path
+
+
+SERVER_FILE = "server.json"
+
+
+def server_file_write(data_dir: Path, *, url: str, status_token: str) -> Path:
+    """Where `ocx status` finds the running server (no Redis: its state is in its memory):
+    the URL and a token good for `GET /api/status` only. 0600: readable by who may read the
+    database next to it."""
+    path = data_dir / SERVER_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"url": url, "pid": os.getpid(), "statusToken": status_token}, fh)
+    return path
+
+
+def server_file_read(data_dir: Path) -> dict[str, object] | None:
+    try:
+        data = json.loads((data_dir / SERVER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def server_file_remove(data_dir: Path) -> None:
+    """Remove the file if this process wrote it (a second server may have replaced it)."""
+    data = server_file_read(data_dir)
+    if data is not None and data.get("pid") == os.getpid():
+        (data_dir / SERVER_FILE).unlink(missing_ok=True)

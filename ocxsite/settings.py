@@ -120,6 +120,9 @@ SECRET_KEY = _secret_key(OCX_DATA_DIR)
 DEBUG = env_bool("OCX_DEBUG", False)
 ALLOWED_HOSTS = env_list("OCX_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 OCX_REDIS_URL = _redis_url()
+# Set by `ocx serve` for its workers: a per-start token good only for GET /api/status, which
+# `ocx status` reads from the data directory's server.json (ocxsite.paths). Not for operators.
+OCX_STATUS_TOKEN = os.environ.get("OCX_STATUS_TOKEN", "")
 OCX_ADMIN_TOKEN = os.environ.get("OCX_ADMIN_TOKEN") or None
 if OCX_ADMIN_TOKEN is not None and len(OCX_ADMIN_TOKEN) < 16:
     raise ImproperlyConfigured("OCX_ADMIN_TOKEN must be at least 16 characters")
