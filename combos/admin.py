@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 import time
 from typing import Any
 
@@ -77,9 +78,40 @@ COMBO_FIELD = {
 }
 TARGET_FIELD = {"provider": "provider", "model": "model", "weight": "weight"}
 TARGET_FIELD["lastResort"] = "last_resort"
+# Only the camelCase names: "override" or "weight" already read as words.
+_CAMEL = sorted((n for n in {*COMBO_FIELD, *TARGET_FIELD} if n != n.lower()), key=len)
+_NAMES = re.compile(r"\b(" + "|".join(reversed(_CAMEL)) + r")\b")
+_TARGET_PATH = re.compile(r"targets\[(\d+)\](?:\.(\w+))?")
+
+
+def human_message(message: str, *, in_row: bool = False) -> str:
+    """An engine message in the admin's words: `stickyLimit` → "sticky limit",
+    `targets[0].weight` → "target 1's weight" (just "weight" in that target's own row), the
+    first letter capitalised."""
+
+    def field(name: str) -> str:
+        return (COMBO_FIELD.get(name) or TARGET_FIELD.get(name) or name).replace("_", " ")
+
+    def target(m: re.Match[str]) -> str:
+        row = f"target {int(m[1]) + 1}"
+        if in_row:
+            return field(m[2]) if m[2] else "this target"
+        return f"{row}'s {field(m[2])}" if m[2] else row
+
+    text = _TARGET_PATH.sub(target, message)
+    text = _NAMES.sub(lambda m: field(m[1]), text)
+    return text[:1].upper() + text[1:]
 
 
 class ComboForm(forms.ModelForm):  # type: ignore[type-arg]
+    # The browser's own check says 1-100 like the help; the server's is the engine's rule
+    # (a model field's "greater than or equal to 0" contradicted the help).
+    sticky_limit = forms.IntegerField(
+        initial=1,
+        widget=forms.NumberInput(attrs={"min": 1, "max": 100}),
+        help_text=COMBO_HELP["sticky_limit"],
+    )
+
     class Meta:
         model = Combo
         fields = [
@@ -189,17 +221,17 @@ class ComboTargetFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
                 form = ordered[issue.path[1]]
                 field = TARGET_FIELD.get(str(issue.path[2])) if len(issue.path) > 2 else "model"
                 if field is not None and not form.has_error(field):
-                    form.add_error(field, issue.message)
+                    form.add_error(field, human_message(issue.message, in_row=True))
                     continue
                 if field is not None:
                     continue
             field = "combo_id" if head is None else COMBO_FIELD.get(str(head))
             if combo_form is not None and field is not None and field in combo_form.fields:
                 if not combo_form.has_error(field):
-                    combo_form.add_error(field, issue.message)
+                    combo_form.add_error(field, human_message(issue.message))
                 self.combo_issues = True
                 continue
-            loose.append(issue.message)
+            loose.append(human_message(issue.message))
         if loose:
             raise forms.ValidationError(loose)
 
@@ -242,22 +274,6 @@ def _all_out_of_quota(targets: list[dict[str, Any]]) -> str | None:
     if not reasons:
         return None
     return "Every usable target is out of quota: " + "; ".join(reasons)
-
-
-def undeclared_models(combo: Combo) -> list[str]:
-    """A note per target whose model its provider does not declare (allowed: sent as typed)."""
-    notes = []
-    for target in combo.targets.select_related("provider").prefetch_related("provider__models"):
-        declared = sorted(m.model_id for m in target.provider.models.all())
-        if target.model in declared:
-            continue
-        known = ", ".join(declared) if declared else "none"
-        notes.append(
-            f'Target {target.provider.name}/{target.model}: provider "{target.provider.name}" '
-            f'does not declare model "{target.model}" (declared: {known}); it is sent upstream '
-            "as typed."
-        )
-    return notes
 
 
 class ComboTargetInline(admin.TabularInline):  # type: ignore[type-arg]
@@ -396,7 +412,7 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             clear_on_commit({form.initial.get("combo_id") or "", form.instance.combo_id})
         with transaction.atomic():
             provider_services.config_bump()
-        for note in undeclared_models(form.instance):
+        for note in selectors.combo_warnings(form.instance.combo_id):
             messages.warning(request, note)
 
     def delete_model(self, request: HttpRequest, obj: Combo) -> None:

@@ -60,6 +60,7 @@ def put_combo(request: HttpRequest) -> dict[str, object]:
         "id": spec.id,
         "model": spec.public_id,
         "combo": validate.combo_to_sparse(spec),
+        "warnings": selectors.combo_warnings(spec.id),
     }
 
 

@@ -7,9 +7,9 @@ from types import MappingProxyType
 
 from combos.engine import validate
 from combos.engine.types import ComboSpec, ConfigSnapshot, ModelSpec, ProviderSpec, Timeouts
-from combos.models import Combo
+from combos.models import Combo, ComboTarget
 from providers import selectors as provider_selectors
-from providers.models import ConfigState, Provider
+from providers.models import ConfigState, Provider, ProviderModel
 from providers.sealing import unseal
 
 
@@ -160,6 +160,22 @@ def catalog_result():  # type: ignore[no-untyped-def]
     from combos.engine.catalog import build_catalog
 
     return build_catalog(config_snapshot())
+
+
+def combo_warnings(combo_id: str) -> list[str]:
+    """What was saved but deserves a second look (a target's model its provider does not
+    declare: `validate.undeclared_target_notes`). Said by the API, the CLI and the admin."""
+    rows = list(
+        ComboTarget.objects.filter(combo__combo_id=combo_id)
+        .order_by("position", "id")
+        .values_list("provider__name", "model")
+    )
+    declared: dict[str, set[str]] = {}
+    for provider, model in ProviderModel.objects.filter(
+        provider__name__in={p for p, _ in rows}
+    ).values_list("provider__name", "model_id"):
+        declared.setdefault(provider, set()).add(model)
+    return validate.undeclared_target_notes(rows, declared)
 
 
 def needs_attention() -> list[str]:

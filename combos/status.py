@@ -11,10 +11,12 @@ token and no quota data yet).
 from __future__ import annotations
 
 import datetime as dt
+import os
 import random
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any
 
 from django.utils.html import format_html, format_html_join
@@ -344,10 +346,40 @@ WORKER_COPY_NOTE = (
 )
 
 
-def status_report(combo_id: str | None = None, *, local: bool = True) -> dict[str, Any]:
-    """`GET /api/status` (local: the server's own view) and `ocx status` (local=False)."""
+UNKNOWN_HERE = (
+    "credential unknown from here: ${var} is read from the server's environment, which this "
+    "command cannot see"
+)
+
+
+def _assume_server_env(snapshot: ConfigSnapshot) -> tuple[ConfigSnapshot, dict[str, str]]:
+    """The snapshot with every key variable this process lacks taken as set (the server may
+    well have it), and provider → variable for those."""
+    hidden = {
+        name: p.api_key_env
+        for name, p in snapshot.providers.items()
+        if p.api_key_env and not os.environ.get(p.api_key_env)
+    }
+    if not hidden:
+        return snapshot, {}
+    providers = {
+        name: replace(p, api_key_env=None, api_key="unknown-from-here") if name in hidden else p
+        for name, p in snapshot.providers.items()
+    }
+    return replace(snapshot, providers=MappingProxyType(providers)), hidden
+
+
+def status_report(
+    combo_id: str | None = None, *, local: bool = True, env_visible: bool = True
+) -> dict[str, Any]:
+    """`GET /api/status` (local: the server's own view) and `ocx status` (local=False; and
+    env_visible=False when no server answered: a key variable this process lacks is said to be
+    unknown from here, not missing)."""
     now = int(time.time() * 1000)
     snapshot = selectors.config_snapshot()
+    hidden: dict[str, str] = {}
+    if not env_visible:
+        snapshot, hidden = _assume_server_env(snapshot)
     combos = [c for c in snapshot.combos.values() if combo_id in (None, c.id)]
     live_state = live.load([c.id for c in combos], local=local)
     recent = [
@@ -367,6 +399,11 @@ def status_report(combo_id: str | None = None, *, local: bool = True) -> dict[st
         "combos": [combo_status(c, snapshot, live_state, now) for c in combos],
         "recentTransitions": recent,
     }
+    for combo in report["combos"]:
+        for t in combo["targets"]:
+            var = hidden.get(t["target"].split("/", 1)[0])
+            if var is not None:
+                t["detail"] = UNKNOWN_HERE.replace("${var}", var)
     if live_state.source == "none":
         report["note"] = NO_LIVE_STATE_NOTE
     elif live_state.source == "redis unreachable":

@@ -42,6 +42,15 @@ class KeyInfo:
     budgets: tuple[ScopedBudget, ...] = ()
 
 
+class KeyOwnerError(Exception):
+    """The user a new key is for cannot hold one; `code` is the API's error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
 def client_key_create(
     *,
     username: str,
@@ -49,13 +58,28 @@ def client_key_create(
     allowed_models: list[str] | None = None,
     rpm_limit: int | None = None,
     budgets: list[dict[str, object]] | None = None,
+    create_user: bool = True,
 ) -> tuple[ClientKey, str]:
+    """Mint a key for `username`. An unknown user is created (a key-only user) when
+    `create_user`, else refused; a deactivated user gets no key (KeyOwnerError either way)."""
     user_model = get_user_model()
     with transaction.atomic():
-        # A user created here logs in only once given a password (`ocx user create`).
-        user, _ = user_model.objects.get_or_create(
-            username=username, defaults={"password": make_password(None)}
-        )
+        user = user_model.objects.filter(username=username).first()
+        if user is None:
+            if not create_user:
+                raise KeyOwnerError(
+                    "user_unknown",
+                    f"no user {username}: create it with `ocx user create {username}` "
+                    "(or pass --create-user)",
+                )
+            # A user created here logs in only once given a password (`ocx user create`).
+            user = user_model.objects.create(username=username, password=make_password(None))
+        elif not user.is_active:
+            raise KeyOwnerError(
+                "user_inactive",
+                f"user {username} is deactivated: reactivate it with `ocx user activate "
+                f"{username}` before giving it a key",
+            )
         secret = CLIENT_PREFIX + secrets.token_urlsafe(32)
         key = ClientKey(
             user=user,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as ModelValidationError
 from django.db import DataError, InterfaceError, OperationalError
@@ -29,6 +31,8 @@ class ManagementAuth(APIKeyHeader):
             scheme, _, token = header.partition(" ")
             if scheme.lower() != "bearer" or not token:
                 return None
+            if _status_token(request, token.strip()):
+                return "ocx status"  # read-only: this one GET, nothing else
             user = access.mgmt_user_for(token.strip())
             if user is None:
                 return None
@@ -43,6 +47,17 @@ class ManagementAuth(APIKeyHeader):
 
     def authenticate(self, request: HttpRequest, key: str | None) -> Any:
         return None  # __call__ does the work; kept for the OpenAPI security scheme
+
+
+def _status_token(request: HttpRequest, token: str) -> bool:
+    """`ocx status` on the server's host: the token `ocx serve` wrote to server.json."""
+    expected = settings.OCX_STATUS_TOKEN
+    return (
+        bool(expected)
+        and request.method == "GET"
+        and request.path_info == "/api/status"
+        and secrets.compare_digest(token.encode(), expected.encode())
+    )
 
 
 api = NinjaAPI(

@@ -69,9 +69,27 @@ def _run(argv: list[str] | None) -> int:
     if command not in COMMANDS:
         print(f"ocx: unknown command {command!r}\n\n{USAGE}", end="", file=sys.stderr)
         return 2
+    from django.apps import apps
+
+    # (Already set up when called in-process, as in the tests: the database is the test's.)
+    if not apps.ready and not _wants_help(rest) and _reads_only(command, rest):
+        from ocxsite.paths import data_dir_path, missing_sqlite_database
+
+        missing = missing_sqlite_database()
+        if missing is not None:
+            how = (
+                f"OCX_DATA_DIR={os.environ['OCX_DATA_DIR']}"
+                if os.environ.get("OCX_DATA_DIR")
+                else f"OCX_DATA_DIR not set: ./var of the current directory, {data_dir_path()}"
+            )
+            print(
+                f"ocx: no database at {missing} ({how}); set OCX_DATA_DIR to the server's data "
+                "directory (or DATABASE_URL), or create one with `ocx serve`",
+                file=sys.stderr,
+            )
+            return 2
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ocxsite.settings")
     import django
-    from django.apps import apps
     from django.core.exceptions import ImproperlyConfigured
     from django.core.management import CommandError, call_command
 
@@ -107,6 +125,32 @@ _DJANGO_OPTIONS = {
     "--force-color",
     "--skip-checks",
 }
+
+
+# Commands that only read the database: run in the wrong directory they must not leave a new
+# empty database behind and print nothing (as if the server had no keys, users or combos).
+_READ_ONLY = {
+    "status": None,
+    "usage": None,
+    "key": {"list"},
+    "user": {"list"},
+    "combo": {"list", "show"},
+    "provider": {"list", "show"},
+    "catalog": {"show", "write"},
+    "config": {"dump"},
+    "token": {"list"},
+}
+
+
+def _reads_only(command: str, rest: list[str]) -> bool:
+    if command not in _READ_ONLY:
+        return False
+    subs = _READ_ONLY[command]
+    if subs is None:
+        return True
+    sub = next((a for a in rest if not a.startswith("-")), None)
+    # `ocx key`, `ocx user`, `ocx combo` and `ocx provider` alone list.
+    return sub in subs or (sub is None and command in ("key", "user", "combo", "provider"))
 
 
 def _wants_help(rest: list[str]) -> bool:

@@ -76,6 +76,9 @@ Try it:
     -H "Authorization: Bearer {secret}" -H "Content-Type: application/json" \\
     -d '{{"model":"combo/demo","input":"Say hello","stream":true}}'
 
+Admin and dashboard: {proxy_url}/admin/  (create a login first:
+  ocx user create NAME --staff   — with the same OCX_DATA_DIR as this server)
+
 Codex (~/.codex/config.toml):
   model = "combo/demo"
   model_provider = "ocx"

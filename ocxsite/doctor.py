@@ -228,6 +228,7 @@ def _eligible(snapshot: object, provider_name: str) -> str | None:
 
 def check_combos(snapshot: object) -> list[Check]:
     from combos.engine.types import ConfigSnapshot
+    from combos.engine.validate import undeclared_target_notes
 
     assert isinstance(snapshot, ConfigSnapshot)
     out: list[Check] = []
@@ -244,6 +245,12 @@ def check_combos(snapshot: object) -> list[Check]:
         else:
             reasons = ", ".join(f"{k} ({v})" for k, v in why.items()) or "no targets"
             out.append(Check(f"combo/{combo_id}", FAIL, f"no eligible target: {reasons}"))
+        declared = {name: tuple(p.models) for name, p in snapshot.providers.items()}
+        for t in combo.targets:
+            out.extend(
+                Check(f"combo/{combo_id} {t.key}", WARN, note)
+                for note in undeclared_target_notes([(t.provider, t.model)], declared)
+            )
     return out
 
 

@@ -113,7 +113,7 @@ def list_keys(request: HttpRequest) -> dict[str, object]:
     return {"keys": [_listed(k) for k in ClientKey.objects.select_related("user")]}
 
 
-@router.post("", operation_id="create_key", response={201: dict})
+@router.post("", operation_id="create_key", response={201: dict, 409: dict})
 def create_key(
     request: HttpRequest, payload: KeyIn, response: HttpResponse
 ) -> tuple[int, dict[str, object]]:
@@ -125,15 +125,21 @@ def create_key(
         raise HttpError(400, "user and name must not contain NUL characters")
     models, rpm, budgets = _checked(payload, response)
     # A model-level refusal (e.g. name longer than 64) is a 400 (ocxsite.api's handler).
-    key, secret = access.client_key_create(
-        username=payload.user.strip(),
-        name=payload.name,
-        allowed_models=models[1] or [],
-        rpm_limit=rpm[1],
-        budgets=key_services.budgets_value(budgets[1]) if budgets[0] else [],
-    )
+    username = payload.user.strip()
+    # Automation may mint a key for a new user in one call; the answer says it did.
+    created = not get_user_model().objects.filter(username=username).exists()
+    try:
+        key, secret = access.client_key_create(
+            username=username,
+            name=payload.name,
+            allowed_models=models[1] or [],
+            rpm_limit=rpm[1],
+            budgets=key_services.budgets_value(budgets[1]) if budgets[0] else [],
+        )
+    except access.KeyOwnerError as exc:
+        return 409, {"error": exc.message, "code": exc.code}
     # The secret is shown here once and never again.
-    return 201, {**_listed(key), "key": secret}
+    return 201, {**_listed(key), "key": secret, "userCreated": created}
 
 
 class UserBudgetsIn(Schema):

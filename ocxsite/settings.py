@@ -10,6 +10,8 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from ocxsite.paths import SQLITE_NAME, data_dir_path
+
 
 def env_bool(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
@@ -45,7 +47,7 @@ def env_list(name: str, default: str) -> list[str]:
 
 
 def _data_dir() -> Path:
-    path = Path(os.environ.get("OCX_DATA_DIR") or "./var").expanduser().resolve()
+    path = data_dir_path()
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -69,7 +71,7 @@ def _secret_key(data_dir: Path) -> str:
 
 
 def _database(data_dir: Path) -> dict[str, object]:
-    url = os.environ.get("DATABASE_URL") or f"sqlite:///{data_dir / 'ocx.sqlite3'}"
+    url = os.environ.get("DATABASE_URL") or f"sqlite:///{data_dir / SQLITE_NAME}"
     scheme = urlsplit(url).scheme
     if scheme not in ("sqlite", "postgres", "postgresql", "pgsql", "mysql"):
         raise ImproperlyConfigured(
@@ -118,6 +120,9 @@ SECRET_KEY = _secret_key(OCX_DATA_DIR)
 DEBUG = env_bool("OCX_DEBUG", False)
 ALLOWED_HOSTS = env_list("OCX_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 OCX_REDIS_URL = _redis_url()
+# Set by `ocx serve` for its workers: a per-start token good only for GET /api/status, which
+# `ocx status` reads from the data directory's server.json (ocxsite.paths). Not for operators.
+OCX_STATUS_TOKEN = os.environ.get("OCX_STATUS_TOKEN", "")
 OCX_ADMIN_TOKEN = os.environ.get("OCX_ADMIN_TOKEN") or None
 if OCX_ADMIN_TOKEN is not None and len(OCX_ADMIN_TOKEN) < 16:
     raise ImproperlyConfigured("OCX_ADMIN_TOKEN must be at least 16 characters")

@@ -12,6 +12,8 @@ handler400 = "ocxsite.http_errors.bad_request"
 
 admin.site.site_header = "ocx administration"
 admin.site.site_title = "ocx"
+# ocx has no site outside the admin: "View site" pointed at `/`, a 404.
+admin.site.site_url = None
 
 urlpatterns = [
     # The dashboard's live parts (the page itself is the admin index); staff only.

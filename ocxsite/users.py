@@ -1,5 +1,6 @@
-"""Users (`ocx user create|list|deactivate`): staff users log in to /admin/; every user may
-hold client keys. Deactivating a user stops their keys and tokens (the rows stay)."""
+"""Users (`ocx user create|list|deactivate|activate|remove`): staff users log in to /admin/;
+every user may hold client keys. Deactivating a user stops their keys and tokens (the rows
+stay); removing one revokes them for good (the rows and the usage history stay)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Count, Q
+from django.utils import timezone
 
-from ocxsite.models import ClientKey
+from ocxsite.models import ClientKey, ManagementToken
 
 # Used when the settings name no validators: an admin login deserves a real password.
 FALLBACK_VALIDATORS: list[dict[str, Any]] = [
@@ -81,6 +83,45 @@ def user_deactivate(*, username: str) -> int:
         user.full_clean(exclude=["password"])
         user.save(update_fields=["is_active"])  # the post_save receiver bumps the key table
         return ClientKey.objects.filter(user=user, revoked__isnull=True).count()
+
+
+def user_activate(*, username: str) -> int:
+    """Reactivate a deactivated user: their unrevoked keys and tokens work again. Returns how
+    many unrevoked keys they hold."""
+    user_model = get_user_model()
+    with transaction.atomic():
+        user = user_model.objects.select_for_update().filter(username=username).first()
+        if user is None:
+            raise ValidationError(f"no user {username}")
+        if user.is_active:
+            raise ValidationError(f"user {username} is already active")
+        user.is_active = True
+        user.full_clean(exclude=["password"])
+        user.save(update_fields=["is_active"])  # the post_save receiver bumps the key table
+        return ClientKey.objects.filter(user=user, revoked__isnull=True).count()
+
+
+def user_remove(*, username: str) -> int:
+    """Remove a user from use for good: revoke every key and management token, deactivate the
+    login. The row stays (renamed nothing, deleted nothing) so the request log and usage history
+    keep naming them. Returns how many keys were revoked."""
+    from ocxsite import access
+
+    user_model = get_user_model()
+    with transaction.atomic():
+        user = user_model.objects.select_for_update().filter(username=username).first()
+        if user is None:
+            raise ValidationError(f"no user {username}")
+        revoked = access.client_keys_revoke(keys=ClientKey.objects.filter(user=user))
+        ManagementToken.objects.filter(user=user, revoked__isnull=True).update(
+            revoked=timezone.now()
+        )
+        if user.is_active or user.has_usable_password():
+            user.is_active = False
+            user.set_unusable_password()
+            user.full_clean(exclude=["password"])
+            user.save(update_fields=["is_active", "password"])
+        return revoked
 
 
 def users_list() -> list[UserRow]:

@@ -178,6 +178,26 @@ class ProviderInfo:
     model_aliases: tuple[tuple[str, str], ...] = ()
 
 
+def undeclared_target_notes(
+    targets: Iterable[tuple[str, str]], declared: Mapping[str, Collection[str]]
+) -> list[str]:
+    """A warning per `(provider, model)` target whose model its provider does not declare: it
+    is saved and sent upstream as typed (a gateway may serve more than it declares), but a
+    typo only shows as upstream errors, and the combo leaves the Codex catalog (no metadata)."""
+    notes = []
+    for provider, model in targets:
+        models = sorted(declared.get(provider, ()))
+        if model in models:
+            continue
+        known = ", ".join(models) if models else "none"
+        notes.append(
+            f'Target {provider}/{model}: provider "{provider}" does not declare model '
+            f'"{model}" (declared: {known}); it is sent upstream as typed, and the combo is '
+            "left out of the Codex catalog until the model is declared."
+        )
+    return notes
+
+
 def provider_infos(providers: Mapping[str, ProviderSpec]) -> dict[str, ProviderInfo]:
     """The `providers=` argument of `validate_combo` built from normalized provider specs."""
     return {name: ProviderInfo(name=name, disabled=p.disabled) for name, p in providers.items()}

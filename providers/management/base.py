@@ -25,3 +25,11 @@ class ExamplesCommand(BaseCommand):
         kwargs.setdefault("epilog", self.examples)
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         return super().create_parser(prog_name, subcommand, **kwargs)
+
+
+def messages_text(messages: list[str]) -> str:
+    """Validation messages as one sentence-like line: "A. B." rather than "A.; B."."""
+    parts = [m.strip() for m in messages if m.strip()]
+    if len(parts) == 1:
+        return parts[0]
+    return " ".join(p if p.endswith((".", "!", "?")) else p + "." for p in parts)

@@ -36,7 +36,7 @@ LAUNCH_ARGS = [
 ]
 USERNAME = "browser-admin"
 PASSWORD = "browser-Admin-pw-9f3k2"
-WEIGHT_ERROR = "targets[1].weight must be an integer from 1 to 10000"
+WEIGHT_ERROR = "Weight must be an integer from 1 to 10000"
 
 pytestmark = [
     pytest.mark.browser,
@@ -500,7 +500,7 @@ def test_admin_undeclared_model_and_keyboard_reorder(
     submit(page)
     shot(page, "20-combo-override-error")
     override = page.locator(".field-override_target .errorlist").inner_text()
-    assert override == 'override target "gamma/nope" is not one of this combo\'s targets'
+    assert override == 'Override target "gamma/nope" is not one of this combo\'s targets'
     assert page.locator("#targets-group .errorlist").count() == 0
     assert server.api.get("/api/combos").json()["combos"] == []
     # The rows came back as entered (the undeclared model as "Other"); clear the override.
@@ -515,7 +515,8 @@ def test_admin_undeclared_model_and_keyboard_reorder(
     warnings = page.locator(".messagelist .warning").all_inner_texts()
     assert warnings == [
         'Target delta/m-delta-preview: provider "delta" does not declare model '
-        '"m-delta-preview" (declared: m-delta); it is sent upstream as typed.'
+        '"m-delta-preview" (declared: m-delta); it is sent upstream as typed, and the combo '
+        "is left out of the Codex catalog until the model is declared."
     ]
     assert stored_targets(server, "keys") == [
         ("delta", "m-delta-preview", 1),

@@ -84,7 +84,7 @@ def test_admin_shows_validation_error_for_bad_weight_and_stores_nothing(staff: C
         "/admin/combos/combo/add/", _combo_post(p1, p2, **{"targets-1-weight": "0"})
     )
     assert response.status_code == 200
-    assert "targets[1].weight must be an integer from 1 to 10000" in response.content.decode()
+    assert "Weight must be an integer from 1 to 10000" in response.content.decode()
     assert not Combo.objects.exists()
 
 
@@ -93,7 +93,7 @@ def test_admin_rejects_duplicate_targets_after_trimming(staff: Client) -> None:
     data = _combo_post(p1, p2, **{"targets-1-provider": str(p1.pk), "targets-1-model": " m1 "})
     response = staff.post("/admin/combos/combo/add/", data)
     assert response.status_code == 200
-    assert "duplicate combo target &quot;p1/m1&quot;" in response.content.decode()
+    assert "Duplicate combo target &quot;p1/m1&quot;" in response.content.decode()
     assert not Combo.objects.exists()
 
 
@@ -101,7 +101,7 @@ def test_admin_rejects_reserved_alias(staff: Client) -> None:
     p1, p2 = _providers()
     response = staff.post("/admin/combos/combo/add/", _combo_post(p1, p2, alias="combo/x"))
     assert response.status_code == 200
-    assert "alias must not use the reserved" in response.content.decode()
+    assert "Alias must not use the reserved" in response.content.decode()
     assert not Combo.objects.exists()
 
 
@@ -207,9 +207,10 @@ def test_combo_field_errors_sit_next_to_their_fields(staff: Client) -> None:
     assert response.status_code == 200
     html = response.content.decode()
     sticky = _field_errors(html, "field-sticky_limit")
-    assert "stickyLimit must be an integer from 1 to 100" in sticky
+    assert "Sticky limit must be an integer from 1 to 100" in sticky
+    assert 'min="1"' in html and 'max="100"' in html
     override = _field_errors(html, "field-override_target")
-    assert "override target &quot;p9/nope&quot; is not one of this combo&#x27;s targets" in override
+    assert "Override target &quot;p9/nope&quot; is not one of this combo&#x27;s targets" in override
     # Nothing above the targets table.
     group = html[
         html.index('id="targets-group"') : html.index("</table>", html.index('id="targets-group"'))
@@ -226,7 +227,7 @@ def test_target_errors_sit_in_their_row_in_saved_order(staff: Client) -> None:
     )
     html = staff.post("/admin/combos/combo/add/", data).content.decode()
     row0 = html[html.index('id="targets-0"') : html.index('id="targets-1"')]
-    assert "targets[1].weight must be an integer from 1 to 10000" in row0
+    assert "Weight must be an integer from 1 to 10000" in row0
     assert not Combo.objects.exists()
 
 
@@ -237,7 +238,7 @@ def test_no_targets_is_an_error_above_the_table(staff: Client) -> None:
         data[f"targets-0-{key}"] = "1" if key == "weight" else ""
     html = staff.post("/admin/combos/combo/add/", data).content.decode()
     group = html[html.index('id="targets-group"') :]
-    assert "targets must be a non-empty array" in group[: group.index("<table>")]
+    assert "Targets must be a non-empty array" in group[: group.index("<table>")]
     assert not Combo.objects.exists()
 
 
@@ -255,5 +256,20 @@ def test_undeclared_model_is_saved_with_a_warning(staff: Client) -> None:
     warnings = [str(m) for m in response.context["messages"] if m.level_tag == "warning"]
     assert warnings == [
         'Target p2/m2-preview: provider "p2" does not declare model "m2-preview" '
-        "(declared: m2); it is sent upstream as typed."
+        "(declared: m2); it is sent upstream as typed, and the combo is left out of the Codex "
+        "catalog until the model is declared."
     ]
+
+
+def test_engine_messages_read_as_words() -> None:
+    from combos.admin import human_message
+
+    assert human_message("targets[0].weight must be an integer from 1 to 10000") == (
+        "Target 1's weight must be an integer from 1 to 10000"
+    )
+    assert human_message("cooldownMs must be an integer from 1 to 600000") == (
+        "Cooldown ms must be an integer from 1 to 600000"
+    )
+    assert human_message('duplicate target "a/b" in targets[2]') == (
+        'Duplicate target "a/b" in target 3'
+    )

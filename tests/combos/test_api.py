@@ -885,3 +885,25 @@ def test_body_just_under_the_limit_is_validated_not_refused(seeded: Api) -> None
         "displayName must be at most 128 characters and contain no control characters",
         raw=blob,
     )
+
+
+def test_put_warns_about_a_target_model_its_provider_does_not_declare(api: Api) -> None:
+    # Issue 28 item 6: saved (a gateway may serve more than it declares), and said.
+    provider_services.provider_set(
+        name="gw",
+        raw={
+            "adapter": "openai-chat",
+            "baseUrl": "http://127.0.0.1:9/v1",
+            "models": {"m-large": {"contextWindow": 100000}},
+        },
+    )
+    body = {"id": "team", "combo": {"targets": [{"provider": "gw", "model": "m-lrage"}]}}
+    r = api.put(body)
+    assert r.status_code == 200
+    assert r.json()["warnings"] == [
+        'Target gw/m-lrage: provider "gw" does not declare model "m-lrage" (declared: m-large); '
+        "it is sent upstream as typed, and the combo is left out of the Codex catalog until the "
+        "model is declared."
+    ]
+    body["combo"]["targets"][0]["model"] = "m-large"  # type: ignore[index]
+    assert api.put(body).json()["warnings"] == []

@@ -103,7 +103,7 @@ def test_catalog_write_and_show(tmp_path: Path, capsys: pytest.CaptureFixture[st
     data = target.read_bytes()
     assert validate_catalog(data) == []
     assert json.loads(data)["models"]
-    call_command("catalog", "show")
+    call_command("catalog", "show", "--json")
     shown = capsys.readouterr().out
     assert json.loads(shown) == json.loads(data)
 

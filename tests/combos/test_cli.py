@@ -51,7 +51,9 @@ class Run:
     def ok(self, *argv: str) -> str:
         code, out, err = self(*argv)
         assert code == 0, err
-        assert err == ""
+        # These providers declare no models: `combo set` warns about each target
+        # (test_set_warns_about_an_undeclared_model checks those lines).
+        assert [line for line in err.splitlines() if not line.startswith("warning: Target ")] == []
         return out
 
     def fail(self, *argv: str) -> str:
@@ -321,6 +323,11 @@ def test_set_json(run: Run, providers: None) -> None:
             "defaultEffort": None,
             "targets": [{"provider": "a", "model": "m1", "weight": 1}],
         },
+        "warnings": [
+            'Target a/m1: provider "a" does not declare model "m1" (declared: none); it is sent '
+            "upstream as typed, and the combo is left out of the Codex catalog until the model "
+            "is declared."
+        ],
     }
 
 
@@ -482,7 +489,7 @@ def test_provider_remove_guard(run: Run, providers: None) -> None:
 
 
 def test_key_create_and_revoke(run: Run) -> None:
-    out = run.ok("key", "create", "--user", "alice", "--name", "laptop")
+    out = run.ok("key", "create", "--user", "alice", "--create-user", "--name", "laptop")
     lines = out.splitlines()
     assert len(lines) == 2
     secret = lines[1]
@@ -514,3 +521,27 @@ def test_unknown_top_level_command(run: Run) -> None:
     code, out, err = run("frob")
     assert code == 2
     assert err.startswith("ocx: unknown command 'frob'")
+
+
+def test_set_warns_about_an_undeclared_model(run: Run) -> None:
+    # Issue 28 item 6: a mistyped model saved silently and the combo left the catalog.
+    provider_services.provider_set(
+        name="anthropic",
+        raw={
+            "adapter": "anthropic",
+            "baseUrl": "http://127.0.0.1:9/v1",
+            "models": {"claude-sonnet-4-5": {"contextWindow": 200000}, "claude-opus-4-5": {}},
+        },
+    )
+    code, out, err = run("combo", "set", "team", "--targets", "anthropic/claude-sonet-4-5")
+    assert (code, out) == (0, "Saved combo team.\n")
+    assert err == (
+        'warning: Target anthropic/claude-sonet-4-5: provider "anthropic" does not declare '
+        'model "claude-sonet-4-5" (declared: claude-opus-4-5, claude-sonnet-4-5); it is sent '
+        "upstream as typed, and the combo is left out of the Codex catalog until the model is "
+        "declared.\n"
+    )
+    code, out, err = run(
+        "combo", "set", "team", "--targets", "anthropic/claude-sonnet-4-5", "--json"
+    )
+    assert code == 0 and err == "" and json.loads(out)["warnings"] == []

@@ -199,6 +199,8 @@ def test_dashboard_is_the_admin_index_with_states_quota_charts_and_events(
         ]
     )
     page = staff.get("/admin/")
+    # No "View site" link: ocx has no site at `/` (issue 28 item 10).
+    assert "View site" not in page.content.decode()
     assert page.status_code == 200
     html = page.content.decode()
     assert 'id="ocx-dashboard"' in html

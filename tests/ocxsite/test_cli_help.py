@@ -133,7 +133,16 @@ def test_closed_pipe_is_no_traceback(tmp_path: Path, args: list[str]) -> None:
     env = _cli_env(tmp_path)
     if args[0] in ("key", "catalog"):
         made = subprocess.run(
-            [sys.executable, "-m", "ocxsite.cli", "key", "create", "--user", "piped"],
+            [
+                sys.executable,
+                "-m",
+                "ocxsite.cli",
+                "key",
+                "create",
+                "--user",
+                "piped",
+                "--create-user",
+            ],
             cwd=ROOT,
             env=env,
             capture_output=True,

@@ -246,7 +246,14 @@ def key(*args: str) -> str:
 
 def test_cli_budgets(api: Api) -> None:
     out = key(
-        "create", "--user", "gina", "--budget", "tokens=100k/day", "--budget", "window=30%/cx"
+        "create",
+        "--user",
+        "gina",
+        "--create-user",
+        "--budget",
+        "tokens=100k/day",
+        "--budget",
+        "window=30%/cx",
     )
     key_id = int(out.split()[2].rstrip("."))
     stored = ClientKey.objects.get(pk=key_id)
@@ -310,3 +317,21 @@ def test_admin_forms_validate_and_normalise_budgets(api: Api, client: Client) ->
     assert UserBudget.objects.get(user=user).budgets == [{"windowPercent": 25, "provider": "cx"}]
     info = next(i for i in client_keys_active().values() if i.id == created["id"])
     assert [b.kind for b in info.budgets] == ["key", "user"]
+
+
+def test_create_says_when_it_created_the_user_and_refuses_an_inactive_one(api: Api) -> None:
+    from django.contrib.auth import get_user_model
+
+    r = api.post({"user": "newbie"})
+    assert r.status_code == 201 and r.json()["userCreated"] is True
+    r = api.post({"user": "newbie"})
+    assert r.status_code == 201 and r.json()["userCreated"] is False
+    get_user_model().objects.filter(username="newbie").update(is_active=False)
+    r = api.post({"user": "newbie"})
+    assert r.status_code == 409
+    assert r.json() == {
+        "error": "user newbie is deactivated: reactivate it with `ocx user activate newbie` "
+        "before giving it a key",
+        "code": "user_inactive",
+    }
+    assert ClientKey.objects.filter(user__username="newbie").count() == 2

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -111,7 +112,12 @@ def test_ocx_status_json_with_and_without_a_combo(server: Server, mock: Mock) ->
     every = ocx_status(server, "--json")
     assert every.returncode == 0, every.stderr
     report = json.loads(every.stdout)
-    assert report["liveState"] == ("redis" if REDIS else "none")
+    if REDIS:
+        assert (report["liveState"], report["source"]) == ("redis", "redis")
+    else:
+        # Without Redis the answer is the running server's own (issue 28 item 7).
+        own = server.api.get("/api/status").json()["liveState"]
+        assert (report["liveState"], report["source"]) == (own, f"server at {server.url}")
     assert c.id in [x["id"] for x in report["combos"]]
     one = ocx_status(server, c.id, "--json")
     assert one.returncode == 0, one.stderr
@@ -172,25 +178,50 @@ def test_ocx_status_sees_the_cooldown_the_server_set(server: Server, mock: Mock)
 
 
 @pytest.mark.skipif(REDIS, reason="the in-process state only exists without REDIS_URL")
-def test_without_redis_the_cli_says_it_cannot_see_the_server(server: Server, mock: Mock) -> None:
+def test_without_redis_the_cli_asks_the_running_server(server: Server, mock: Mock) -> None:
     c = Setup(server, mock)
     _cool_primary(server, mock, c)
-    # The server itself sees its cooldown …
     combo = status(server, c.id)
     assert combo["targets"][0]["state"] == "cooling"
-    assert combo["wouldServe"] == {"default": c.fallback_target}
 
-    # … another process cannot, and says so instead of predicting from its own empty state.
+    # Another process asks the server (server.json in the data directory) and says so.
     out = ocx_status(server, c.id)
     assert out.returncode == 0, out.stderr
-    assert "cannot see a running server's in-process routing state" in out.stdout
-    assert "GET /api/status" in out.stdout
+    assert out.stdout.startswith(f"Live state from the server at {server.url}.\n")
+    assert f"next request → {c.fallback_target}" in out.stdout
+    assert f"{c.primary_target}: Cooling until " in out.stdout
+    assert "Configured view" not in out.stdout
+    report = json.loads(ocx_status(server, c.id, "--json").stdout)
+    assert report["combos"][0]["wouldServe"] == {"default": c.fallback_target}
+
+    # The token in server.json is good for GET /api/status only.
+    found = json.loads((Path(server.env["OCX_DATA_DIR"]) / "server.json").read_text())
+    assert found["url"] == server.url
+    bearer = {"Authorization": f"Bearer {found['statusToken']}"}
+    assert server.http.get("/api/status", headers=bearer).status_code == 200
+    assert server.http.get("/api/keys", headers=bearer).status_code == 401
+    assert server.http.get("/api/quota", headers=bearer).status_code == 401
+    assert server.http.put("/api/status", headers=bearer).status_code in (401, 405)
+
+
+@pytest.mark.skipif(REDIS, reason="the in-process state only exists without REDIS_URL")
+def test_without_a_server_a_key_variable_is_unknown_from_here(server: Server, mock: Mock) -> None:
+    env = f"OCX_TEST_SERVER_ONLY_{uuid.uuid4().hex[:8].upper()}"
+    c = Setup(server, mock, apiKeyEnv=env)
+    # Nobody listens on port 9: the command falls back to its own configured view, and does
+    # not call the server's key missing because its own environment lacks the variable.
+    out = ocx_status(server, c.id, "--url", "http://127.0.0.1:9")
+    assert out.returncode == 0, out.stderr
+    assert "the server at http://127.0.0.1:9 did not answer (ConnectError)" in out.stdout
     assert "Configured view:" in out.stdout
     assert f"configured first choice → {c.primary_target}" in out.stdout
-    assert "next request" not in out.stdout
-    report = json.loads(ocx_status(server, c.id, "--json").stdout)
-    assert report["liveState"] == "none"
-    assert "GET /api/status" in report["note"]
+    assert "No credential" not in out.stdout
+    assert (
+        f"credential unknown from here: {env} is read from the server's environment" in out.stdout
+    )
+    report = json.loads(ocx_status(server, c.id, "--json", "--url", "http://127.0.0.1:9").stdout)
+    assert report["source"] == "this command's configured view"
+    assert report["combos"][0]["targets"][0]["state"] == "available"
 
 
 def test_ocx_status_with_redis_unreachable_says_so(tmp_path: Any) -> None:

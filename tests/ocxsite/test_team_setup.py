@@ -186,6 +186,21 @@ def test_doctor_credentials_combos_and_hosts(
     assert "sk-doctor-test-0000" not in json.dumps(report)
     assert code == 0  # a warn does not fail
 
+    # A mistyped model is named, with the provider's models (issue 28 item 6).
+    combo_services.combo_set(
+        combo_id="team", raw={"targets": [{"provider": "up", "model": "gpt-5.55"}]}
+    )
+    code, report = doctor_json(capsys)
+    assert code == 0 and verdicts(report)["combo/team up/gpt-5.55"] == "warn"
+    detail = {c["name"]: c["detail"] for c in report["checks"]}  # type: ignore[attr-defined]
+    assert detail["combo/team up/gpt-5.55"].startswith(
+        'Target up/gpt-5.55: provider "up" does not declare model "gpt-5.55" (declared: '
+    )
+    assert "gpt-5.5," in detail["combo/team up/gpt-5.55"]
+    combo_services.combo_set(
+        combo_id="team", raw={"targets": [{"provider": "up", "model": "gpt-5.5"}]}
+    )
+
     code, report = doctor_json(capsys, "--host", "0.0.0.0")
     assert code == 1 and verdicts(report)["allowed hosts"] == "fail"
     monkeypatch.setattr("django.conf.settings.ALLOWED_HOSTS", ["ocx.internal", "localhost"])
@@ -308,7 +323,7 @@ def _ocx(args: list[str], data_dir: Path | None, cwd: Path) -> subprocess.Comple
 
 def test_a_command_that_creates_the_database_says_so(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    first = _ocx(["combo", "list"], data, tmp_path)
+    first = _ocx(["user", "create", "ann", "--no-password"], data, tmp_path)
     assert first.returncode == 0, first.stderr
     db = (data / "ocx.sqlite3").resolve()
     assert first.stderr == (f"ocx: created a new database at {db} (OCX_DATA_DIR={data})\n")
@@ -325,13 +340,49 @@ def test_a_command_that_creates_the_database_says_so(tmp_path: Path) -> None:
 def test_the_default_data_directory_is_named_when_it_is_created(tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    done = _ocx(["combo", "list"], None, elsewhere)
+    done = _ocx(["user", "create", "ann", "--no-password"], None, elsewhere)
     assert done.returncode == 0, done.stderr
     var = (elsewhere / "var").resolve()
     assert done.stderr == (
         f"ocx: created a new database at {var / 'ocx.sqlite3'} "
         f"(OCX_DATA_DIR not set: ./var of the current directory, {var})\n"
     )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["key", "list"],
+        ["key"],
+        ["status"],
+        ["usage"],
+        ["combo", "list"],
+        ["provider", "list"],
+        ["user", "list"],
+        ["catalog", "show"],
+        ["config", "dump"],
+    ],
+)
+def test_a_read_command_never_creates_a_database(tmp_path: Path, args: list[str]) -> None:
+    # Issue 28 item 8: `ocx key list` elsewhere exited 0 with empty output and left ./var.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = _ocx(args, None, elsewhere)
+    var = (elsewhere / "var").resolve()
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        f"ocx: no database at {var / 'ocx.sqlite3'} (OCX_DATA_DIR not set: ./var of the "
+        f"current directory, {var}); set OCX_DATA_DIR to the server's data directory (or "
+        "DATABASE_URL), or create one with `ocx serve`\n"
+    )
+    assert list(elsewhere.iterdir()) == []
+    # With the data directory named, the same command reads the database it finds there.
+    data = tmp_path / "data"
+    assert _ocx(["user", "create", "ann", "--no-password"], data, tmp_path).returncode == 0
+    found = _ocx(args, data, tmp_path)
+    # (`catalog show` of an empty setup still fails, for its own reason.)
+    assert "no database" not in found.stderr and found.returncode in (0, 1)
+    assert found.returncode == 0 or args == ["catalog", "show"]
 
 
 def test_user_command_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
@@ -342,6 +393,49 @@ def test_user_command_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 # --- demo -------------------------------------------------------------------------------
+
+
+def test_two_demos_side_by_side_both_answer(tmp_path: Path) -> None:
+    # The demo's mock upstream takes a free port: 8790 taken, a second demo beside the first,
+    # and a rerun on the first one's data directory (its providers re-pointed) all answer.
+    busy = socket.socket()
+    if _port_free(8790):
+        busy.bind(("127.0.0.1", 8790))
+        busy.listen()
+
+    def ask(server: object) -> int:
+        out = "".join(server.output)  # type: ignore[attr-defined]
+        secret = out.split("client key:")[1].split()[0]
+        return server.http.post(  # type: ignore[attr-defined, no-any-return]
+            "/v1/responses",
+            headers={"Authorization": f"Bearer {secret}"},
+            json={"model": "combo/demo", "input": "hi"},
+        ).status_code
+
+    try:
+        a, stop_a = start_server(tmp_path / "a", server_args=["--demo"])
+        b, stop_b = start_server(tmp_path / "b", server_args=["--demo"])
+        try:
+            assert (ask(a), ask(b)) == (200, 200)
+        finally:
+            stop_a()
+            stop_b()
+        again, stop_again = start_server(tmp_path / "a", server_args=["--demo"])
+        try:
+            assert ask(again) == 200
+        finally:
+            stop_again()
+    finally:
+        busy.close()
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def test_demo_is_idempotent_one_user_one_live_key() -> None:
@@ -358,9 +452,10 @@ def test_demo_is_idempotent_one_user_one_live_key() -> None:
 
 
 def test_serve_prints_its_database_and_demo_user(tmp_path: Path) -> None:
-    server, stop = start_server(tmp_path, server_args=["--demo", "--mock-port", "0"])
+    server, stop = start_server(tmp_path, server_args=["--demo"])
     try:
         out = "".join(server.output)
+        assert f"Admin and dashboard: {server.url}/admin/" in out
         assert "ocx database: " in out
         if "DATABASE_URL" not in server.env:
             assert f"ocx database: {(tmp_path / 'ocx.sqlite3').resolve()}" in out
@@ -394,3 +489,80 @@ def test_user_made_by_key_create_has_no_password_and_can_be_deactivated(
     code, out, err = run(capsys, "user", "deactivate", "carol")
     assert (code, out, err) == (0, "Deactivated carol; 1 active key(s) no longer work.\n", "")
     assert access.digest(secret) not in access.client_keys_active()
+
+
+# --- typos and deactivated users (issue 28 items 2 and 3) ---------------------------------
+
+
+def test_key_create_refuses_an_unknown_user_unless_asked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run(capsys, "key", "create", "--user", "alcie")
+    assert (code, out) == (1, "")
+    assert err == (
+        "ocx: no user alcie: create it with `ocx user create alcie` (or pass --create-user)\n"
+    )
+    assert not get_user_model().objects.filter(username="alcie").exists()
+    assert not ClientKey.objects.exists()
+    code, out, _ = run(capsys, "key", "create", "--user", "alcie", "--create-user")
+    assert code == 0 and out.startswith("Created key ")
+    assert get_user_model().objects.get(username="alcie").is_active
+
+
+def test_deactivated_user_gets_no_key_then_activate_and_remove(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, secret = access.client_key_create(username="bob")
+    assert run(capsys, "user", "deactivate", "bob")[0] == 0
+    code, out, err = run(capsys, "key", "create", "--user", "bob")
+    assert (code, out) == (1, "")
+    assert err == (
+        "ocx: user bob is deactivated: reactivate it with `ocx user activate bob` "
+        "before giving it a key\n"
+    )
+    assert ClientKey.objects.count() == 1
+    assert run(capsys, "user", "activate", "bob") == (
+        0,
+        "Activated bob; 1 key(s) work again.\n",
+        "",
+    )
+    assert access.digest(secret) in access.client_keys_active()
+    assert run(capsys, "user", "activate", "bob")[2] == "ocx: user bob is already active\n"
+    token, _ = access.mgmt_token_create(username="bob")
+    # remove: confirmation first, then every key and token revoked, the row kept.
+    code, _, err = run(capsys, "user", "remove", "bob")
+    assert code == 1 and "add --yes to confirm" in err
+    assert access.digest(secret) in access.client_keys_active()
+    assert run(capsys, "user", "remove", "bob", "--yes") == (
+        0,
+        "Removed bob: 1 key(s) revoked, login disabled; their usage history stays.\n",
+        "",
+    )
+    bob = get_user_model().objects.get(username="bob")
+    assert not bob.is_active and not bob.has_usable_password()
+    assert access.digest(secret) not in access.client_keys_active()
+    token.refresh_from_db()
+    assert token.revoked is not None
+    assert ClientKey.objects.get().revoked is not None
+    assert run(capsys, "user", "remove", "nobody", "--yes")[2] == "ocx: no user nobody\n"
+
+
+def test_password_errors_read_as_sentences(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 28 item 10: "…characters.; This password is too common."
+    monkeypatch.setattr("sys.stdin", io.StringIO("password\n"))
+    code, out, err = run(capsys, "user", "create", "weak", "--password-stdin")
+    assert (code, out) == (1, "")
+    assert ".;" not in err
+    assert err.startswith("ocx: This password is too short.") and err.endswith(
+        " This password is too common.\n"
+    ), err
+
+
+def test_messages_text_joins_sentences() -> None:
+    from providers.management.base import messages_text
+
+    assert messages_text(["no user x"]) == "no user x"
+    assert messages_text(["Too short.", "Too common."]) == "Too short. Too common."
+    assert messages_text(["a", "b."]) == "a. b."

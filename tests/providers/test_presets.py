@@ -77,7 +77,13 @@ def test_cli_add_from_preset_then_combo_gives_a_valid_catalog(
         ]
         == 0
     )
-    code, out, err = run(capsys, "catalog", "show")
+    code, table, err = run(capsys, "catalog", "show")
+    assert (code, err) == (0, "")
+    lines = table.splitlines()
+    assert lines[0].split() == ["MODEL", "NAME", "CONTEXT", "INPUT", "EFFORTS"]
+    team = next(line for line in lines if line.startswith("combo/team "))
+    assert "200,000" in team and "low,medium,high" in team
+    code, out, err = run(capsys, "catalog", "show", "--json")
     assert (code, err) == (0, "")
     assert validate_catalog(out) == []
     rows = {row["slug"]: row for row in json.loads(out)["models"]}

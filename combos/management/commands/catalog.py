@@ -17,12 +17,13 @@ from providers.management.base import ExamplesCommand
 
 USAGE = """\
 ocx catalog write PATH
-       ocx catalog show
+       ocx catalog show [--json]
 """
 EPILOG = """\
 examples:
   ocx catalog write ~/.codex/ocx-catalog.json     # then model_catalog_json = "ocx-catalog.json"
-  ocx catalog show | python -m json.tool
+  ocx catalog show                  # a table: model, name, context window, input, efforts
+  ocx catalog show --json           # the document Codex reads
 Codex reads the file once at start: restart it after writing.
 """
 
@@ -49,11 +50,14 @@ class Command(ExamplesCommand):
             )
         for line in result.warnings:
             self.stderr.write(line)
-        if argv == ["show"]:
+        if argv == ["show", "--json"]:
             self.stdout.write(data.decode("utf-8"), ending="")
             return
+        if argv == ["show"]:
+            self.stdout.write(_table(json.loads(data)["models"]))
+            return
         if len(argv) != 2 or argv[0] != "write":
-            raise CommandError("usage: ocx catalog write PATH | ocx catalog show")
+            raise CommandError("usage: ocx catalog write PATH | ocx catalog show [--json]")
         path = Path(argv[1]).expanduser()
         if path.is_dir():
             raise CommandError(f"{path} is a directory")
@@ -65,3 +69,23 @@ class Command(ExamplesCommand):
         os.replace(tmp, path)
         count = len(json.loads(data)["models"])
         self.stdout.write(f"Wrote {count} models to {path}.")
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    """One line per catalog row, columns aligned; the document itself is `--json`."""
+    head = ("MODEL", "NAME", "CONTEXT", "INPUT", "EFFORTS")
+    lines = [head] + [
+        (
+            str(r.get("slug", "")),
+            str(r.get("display_name", "")),
+            f"{r['context_window']:,}" if isinstance(r.get("context_window"), int) else "-",
+            ",".join(r.get("input_modalities") or []) or "-",
+            ",".join(lvl["effort"] for lvl in r.get("supported_reasoning_levels") or []) or "-",
+        )
+        for r in rows
+    ]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    )

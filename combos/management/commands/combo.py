@@ -167,6 +167,7 @@ class Command(ExamplesCommand):
         spec = services.combo_set(
             combo_id=body["id"], raw=combo, rename_from=body.get("renameFrom")
         )
+        warnings = selectors.combo_warnings(spec.id)
         if ns.json:
             self._print_json(
                 {
@@ -174,10 +175,13 @@ class Command(ExamplesCommand):
                     "id": spec.id,
                     "model": spec.public_id,
                     "combo": validate.combo_to_sparse(spec),
+                    "warnings": warnings,
                 }
             )
         else:
             self.stdout.write(f"Saved combo {spec.id}.")
+        for note in warnings:
+            self.stderr.write(f"warning: {note}")
 
     def _remove(self, rest: list[str]) -> None:
         as_json = "--json" in rest

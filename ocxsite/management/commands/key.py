@@ -1,5 +1,5 @@
-"""`ocx key create --user U [--name N] [--models a,b] [--rpm N] [--budget SPEC]... | list |
-set ID ... | user-budget USER [--budget SPEC]... | revoke ID`.
+"""`ocx key create --user U [--create-user] [--name N] [--models a,b] [--rpm N]
+[--budget SPEC]... | list | set ID ... | user-budget USER [--budget SPEC]... | revoke ID`.
 
 A budget SPEC is `tokens=N/day|week|month` (N may end in k or M) or `window=P%/PROVIDER`;
 `--budget none` removes every budget (ocxsite.budgets)."""
@@ -15,7 +15,7 @@ from django.core.management.base import CommandError, CommandParser
 from ocxsite import access, key_services
 from ocxsite.budgets import BudgetError, parse_cli_budget, stored_budgets
 from ocxsite.models import ClientKey
-from providers.management.base import ExamplesCommand
+from providers.management.base import ExamplesCommand, messages_text
 
 
 class _Parser(argparse.ArgumentParser):
@@ -24,7 +24,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 USAGE = """\
-ocx key create --user USER [--name NAME] [--models M1,M2] [--rpm N] [--budget SPEC]...
+ocx key create --user USER [--create-user] [--name NAME] [--models M1,M2] [--rpm N]
+                      [--budget SPEC]...
        ocx key set ID [--name NAME] [--models M1,M2|none] [--rpm N|none] [--budget SPEC|none]...
        ocx key user-budget USER [--budget SPEC|none]...
        ocx key list
@@ -33,7 +34,7 @@ ocx key create --user USER [--name NAME] [--models M1,M2] [--rpm N] [--budget SP
 EPILOG = """\
 examples:
   ocx key create --user alice --name laptop          # the key is printed once
-  ocx key create --user ci --models combo/main --rpm 60
+  ocx key create --user ci --create-user --models combo/main --rpm 60   # a new key-only user
   ocx key create --user bob --budget tokens=2M/week --budget window=30%/chatgpt
   ocx key set 3 --budget tokens=100k/day         # replaces key 3's budgets
   ocx key set 3 --budget none --rpm none         # removes them and the rpm limit
@@ -61,6 +62,7 @@ class Command(ExamplesCommand):
         if sub == "create":
             p = _Parser(prog="ocx key create", add_help=False)
             p.add_argument("--user", required=True)
+            p.add_argument("--create-user", action="store_true")
             p.add_argument("--name", default="")
             p.add_argument("--models", default="")
             p.add_argument("--rpm", type=int)
@@ -80,9 +82,12 @@ class Command(ExamplesCommand):
                     allowed_models=models,
                     rpm_limit=ns.rpm,
                     budgets=key_services.budgets_value(budgets),
+                    create_user=ns.create_user,
                 )
             except ValidationError as exc:
-                raise CommandError("; ".join(exc.messages)) from None
+                raise CommandError(messages_text(exc.messages)) from None
+            except access.KeyOwnerError as exc:
+                raise CommandError(exc.message) from None
             self.stdout.write(f"Created key {key.pk} for {ns.user}. It is shown only once:")
             self.stdout.write(secret)
         elif sub == "list":
@@ -137,7 +142,7 @@ class Command(ExamplesCommand):
         except ClientKey.DoesNotExist:
             raise CommandError(f"no active key {rest[0]}") from None
         except ValidationError as exc:
-            raise CommandError("; ".join(exc.messages)) from None
+            raise CommandError(messages_text(exc.messages)) from None
         budgets = ", ".join(b.describe() for b in stored_budgets(key.budgets)) or "none"
         self.stdout.write(f"Updated key {key.pk} ({key.prefix}…). Budgets: {budgets}.")
 
@@ -158,7 +163,7 @@ class Command(ExamplesCommand):
         try:
             row = key_services.user_budgets_set(username=username, budgets=_budgets(ns.budget))
         except ValidationError as exc:
-            raise CommandError("; ".join(exc.messages)) from None
+            raise CommandError(messages_text(exc.messages)) from None
         shown = ", ".join(b.describe() for b in stored_budgets(row and row.budgets))
         self.stdout.write(f"Budgets of user {username}: {shown or 'none'}.")
 

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import importlib.util
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -17,6 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import CommandError, CommandParser
 
+from ocxsite.paths import server_file_remove, server_file_write
 from providers.management.base import ExamplesCommand
 
 WORKERS_NEED_REDIS = (
@@ -159,7 +161,9 @@ class Command(ExamplesCommand):
         parser.add_argument(
             "--no-migrate", action="store_true", help="do not apply database migrations at start"
         )
-        parser.add_argument("--mock-port", type=int, default=8790, help=argparse.SUPPRESS)
+        # 0: a free port each start (the demo provider is pointed at it), so two demos, or
+        # anything else on 8790, do not collide.
+        parser.add_argument("--mock-port", type=int, default=0, help=argparse.SUPPRESS)
 
     def handle(self, *args: Any, **options: Any) -> None:
         workers: int = options["workers"]
@@ -228,6 +232,14 @@ class Command(ExamplesCommand):
 
                 multiprocess.mark_process_dead(pid, env["PROMETHEUS_MULTIPROC_DIR"])
 
+        # `ocx status` without Redis asks this server (its routing state is in its memory).
+        env["OCX_STATUS_TOKEN"] = secrets.token_urlsafe(32)
+        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        server_file = server_file_write(
+            settings.OCX_DATA_DIR,
+            url=f"http://{f'[{shown}]' if ':' in shown else shown}:{port}",
+            status_token=env["OCX_STATUS_TOKEN"],
+        )
         supervisor = Supervisor(
             worker_command(server, sock.fileno()),
             sock.fileno(),
@@ -239,7 +251,10 @@ class Command(ExamplesCommand):
         self.stdout.write(f"ocx listening on http://{host}:{port} ({workers} {server} worker(s))")
         self.stdout.flush()
         # A worker that dies is restarted, SIGHUP restarts them one by one (ocxsite.supervisor).
-        code = supervisor.run()
+        try:
+            code = supervisor.run()
+        finally:
+            server_file_remove(server_file.parent)
         if code:
             raise CommandError("the workers could not be kept running")
 
@@ -272,7 +287,8 @@ def _start_mock(port: int) -> tuple[subprocess.Popen[bytes], str]:
     line = proc.stdout.readline().decode().strip()
     if "listening on" not in line:
         proc.kill()
-        raise CommandError(f"the demo mock upstream did not start (port {port} busy?)")
+        where = f"port {port} busy?" if port else "see its output above"
+        raise CommandError(f"the demo mock upstream did not start ({where})")
     return proc, line.rsplit(" ", 1)[-1]
 
 

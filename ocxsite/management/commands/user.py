@@ -1,4 +1,5 @@
-"""`ocx user create NAME [--staff] [--password-stdin] [--no-password] | list | deactivate NAME`."""
+"""`ocx user create NAME [--staff] [--password-stdin] [--no-password] | list | deactivate NAME
+| activate NAME | remove NAME --yes`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import CommandError, CommandParser
 
 from ocxsite import users
-from providers.management.base import ExamplesCommand
+from providers.management.base import ExamplesCommand, messages_text
 
 EPILOG = """\
 examples:
@@ -19,18 +20,21 @@ examples:
   ocx user create bob --no-password             # a key-only user (no admin login)
   ocx user list
   ocx user deactivate bob                       # bob's keys and tokens stop working
+  ocx user activate bob                         # ... and work again
+  ocx user remove bob --yes                     # revokes bob's keys and tokens for good;
+                                                # the request log and usage keep naming bob
 
 Staff users log in to the admin at /admin/. Client keys for a user: ocx key create --user NAME.
 """
 
 
 class Command(ExamplesCommand):
-    help = "Create, list and deactivate users (staff users log in to /admin/)."
+    help = "Create, list, deactivate, activate and remove users (staff log in to /admin/)."
 
     examples = EPILOG
 
     def add_arguments(self, parser: CommandParser) -> None:
-        subs = parser.add_subparsers(dest="sub", metavar="create|list|deactivate")
+        subs = parser.add_subparsers(dest="sub", metavar="create|list|deactivate|activate|remove")
         create = subs.add_parser("create", help="create a user (prompts for a password)")
         create.add_argument("name")
         create.add_argument(
@@ -48,6 +52,15 @@ class Command(ExamplesCommand):
             "deactivate", help="deactivate a user: no login, keys and tokens stop working"
         )
         deactivate.add_argument("name")
+        activate = subs.add_parser(
+            "activate", help="reactivate a user: their unrevoked keys and tokens work again"
+        )
+        activate.add_argument("name")
+        remove = subs.add_parser(
+            "remove", help="revoke a user's keys and tokens and deactivate them (history stays)"
+        )
+        remove.add_argument("name")
+        remove.add_argument("--yes", action="store_true", help="confirm")
 
     def handle(self, *args: Any, **options: Any) -> None:
         sub = options.get("sub") or "list"
@@ -59,10 +72,24 @@ class Command(ExamplesCommand):
                 self.stdout.write(
                     f"Deactivated {options['name']}; {count} active key(s) no longer work."
                 )
+            elif sub == "activate":
+                count = users.user_activate(username=options["name"])
+                self.stdout.write(f"Activated {options['name']}; {count} key(s) work again.")
+            elif sub == "remove":
+                if not options["yes"]:
+                    raise CommandError(
+                        f"this revokes every key and token of {options['name']} for good; "
+                        "add --yes to confirm"
+                    )
+                count = users.user_remove(username=options["name"])
+                self.stdout.write(
+                    f"Removed {options['name']}: {count} key(s) revoked, login disabled; "
+                    "their usage history stays."
+                )
             else:
                 self._list()
         except ValidationError as exc:
-            raise CommandError("; ".join(exc.messages)) from None
+            raise CommandError(messages_text(exc.messages)) from None
 
     def _create(self, options: dict[str, Any]) -> None:
         name: str = options["name"]

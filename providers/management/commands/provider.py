@@ -69,13 +69,15 @@ ocx provider list
        ocx provider add NAME --preset openai|anthropic|chatgpt|openrouter|ollama|vllm
                         [--base-url URL] [--api-key-env VAR | --api-key-stdin]
                         [--header NAME=VALUE ...] [--model ID[:CONTEXT_WINDOW] ...]
-       ocx provider set NAME --adapter A --base-url URL [--api-key-env VAR | --api-key-stdin]
+       ocx provider set NAME [--adapter A] [--base-url URL] [--api-key-env VAR | --api-key-stdin]
                         [--header NAME=VALUE ...] [--model ID[:CONTEXT_WINDOW] ...]
                         [--disabled | --enabled] [--max-connections N|-] [--from-json JSON]
        ocx provider remove NAME --yes
 """
 EPILOG = """\
 adapters: openai-responses, openai-chat, anthropic, chatgpt.
+A new provider needs --adapter and --base-url; on an existing one every option is optional and
+changes only that field (the rest is kept).
 
 examples:
   ocx provider add openai --preset openai          # key from $OPENAI_API_KEY
