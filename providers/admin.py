@@ -36,6 +36,8 @@ class ProviderForm(forms.ModelForm):  # type: ignore[type-arg]
         required=False,
         choices=[("", "— none —")]
         + [(n, f"{n}: {p['description']}") for n, p in presets.PRESETS.items()],
+        # The option texts are long: the select wraps to the page instead of running past it.
+        widget=forms.Select(attrs={"style": "max-width: 100%; width: 36em"}),
         help_text=(
             "Fills adapter, base URL, key variable, headers and the preset's models "
             f"(checked {presets.CHECKED}; check the numbers). Fields you fill in win."
@@ -202,6 +204,9 @@ class ProviderModelInline(admin.TabularInline):  # type: ignore[type-arg]
 
 @admin.register(Provider)
 class ProviderAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    class Media:
+        css = {"all": ("ocx/provider-editor.css",)}
+
     form = ProviderForm
     inlines = [ProviderModelInline]
     list_display = ("name", "adapter", "base_url", "credential", "disabled")

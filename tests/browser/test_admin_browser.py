@@ -162,6 +162,11 @@ def success_message(page: Any) -> str:
 
 def add_provider(page: Any, name: str, base_url: str, api_key: str, model: str) -> None:
     page.goto("/admin/providers/provider/add/")
+    # The preset dropdown's long option texts once ran past the page edge (issue 28 item 10).
+    box = page.locator("#id_preset").bounding_box()
+    width = page.viewport_size["width"]
+    assert box["x"] + box["width"] <= width, box
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
     page.fill("#id_name", name)
     page.select_option("#id_adapter", "openai-responses")
     page.fill("#id_base_url", base_url)
@@ -169,7 +174,7 @@ def add_provider(page: Any, name: str, base_url: str, api_key: str, model: str) 
     i = add_inline_row(page, "models")
     page.fill(f"#id_models-{i}-model_id", model)
     page.fill(f"#id_models-{i}-context_window", "100000")
-    width = page.viewport_size["width"]
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
     shot(page, f"{width}-02-provider-{name}-filled")
     submit(page)
     shot(page, f"{width}-03-provider-{name}-saved")
