@@ -332,6 +332,18 @@ def point(
     return r
 
 
+def quiesce(t: run.Target, limit: float = 60.0) -> float:
+    """Wait until `t` is idle (under 5 % of a core over 0.5 s), at most `limit` s: a proxy
+    still serving streams the client gave up on must not load the next point."""
+    w0 = time.monotonic()
+    while time.monotonic() - w0 < limit:
+        c0 = run.cpu_seconds(t.pids())
+        time.sleep(0.5)
+        if run.cpu_seconds(t.pids()) - c0 < 0.025:
+            break
+    return round(time.monotonic() - w0, 1)
+
+
 def fmt(x: Any) -> str:
     return "–" if x is None else str(x)
 
@@ -494,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
                     run.log(f"restarting {t.name}: failed streams may have cooled its target")
                     inst.restart()
                 time.sleep(args.settle)
+                r["quiesce_s"] = quiesce(inst.target)
     run.mock_script(mock_base, {})
     res["restarts"] = {i.target.name: i.restarts for i in instances if i.restarts}
     res["machine"]["loadavg_after"] = run._loadavg()
