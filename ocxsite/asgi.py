@@ -18,8 +18,8 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
-from ocxsite.events import EventsConsumer  # noqa: E402
-from ocxsite.proxy import ProxyApp  # noqa: E402
+from gateway.events import EventsConsumer  # noqa: E402
+from gateway.proxy import ProxyApp  # noqa: E402
 
 proxy_app = ProxyApp()
 
