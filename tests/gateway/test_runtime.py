@@ -195,6 +195,6 @@ def test_redis_py_loads_only_in_a_worker_that_uses_redis(redis_url: str) -> None
     assert out.returncode == 0, out.stderr
     shared, loaded = json.loads(out.stdout.strip().splitlines()[-1])
     if redis_url:
-        assert shared and loaded == ["state.redis_guard", "state.resp", "redis"]
+        assert shared and loaded == ["redis", "state.redis_guard", "state.resp"]
     else:
         assert not shared and loaded == []
