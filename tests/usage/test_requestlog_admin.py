@@ -182,3 +182,15 @@ def test_detail_without_attempts_says_so(staff: Client) -> None:
     html = staff.get(f"/admin/usage/requestlog/{row.pk}/change/").content.decode()
     assert "No upstream attempt." in html
     assert "No target was skipped." in html
+
+
+def test_bookmarks_of_the_pages_before_the_move_still_lead_there(staff: Client) -> None:
+    """The request log and the keys moved out of the `ocxsite` app (docs/architecture.md): the
+    old admin addresses answer with a permanent redirect to the new ones, query kept."""
+    old = staff.get("/admin/ocxsite/requestlog/?status_class=5xx&since=1h&combo=main")
+    assert old.status_code == 301
+    assert old["Location"] == "/admin/usage/requestlog/?status_class=5xx&since=1h&combo=main"
+    assert staff.get(old["Location"]).status_code == 200
+    key = staff.get("/admin/ocxsite/clientkey/7/change/")
+    assert (key.status_code, key["Location"]) == (301, "/admin/accounts/clientkey/7/change/")
+    assert staff.get("/admin/ocxsite/somethingelse/").status_code == 404
