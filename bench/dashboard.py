@@ -80,8 +80,8 @@ def fill(rows: int, *, batch: int = 5000, seed: int = 7) -> float:
     from django.db import transaction
     from django.utils import timezone
 
-    from ocxsite.requestlog import RequestEntry, _write_log
     from usage import services as usage_services
+    from usage.requestlog import RequestEntry, _write_log
 
     rng = random.Random(seed)
     now = time.time()
@@ -166,8 +166,7 @@ def main() -> None:
     from django.db import connection
     from django.test import Client
 
-    from ocxsite.models import RequestLog
-    from usage.models import UsageRollup
+    from usage.models import RequestLog, UsageRollup
 
     if not RequestLog.objects.exists():
         configure()

@@ -2,8 +2,8 @@
 
     python bench/redis_roundtrip.py [--url redis://127.0.0.1:6379/12] [--n 5000]
 
-Sequential calls (as at c=1) against a real Redis: the bare client (`quota.resp`), then the
-breaker's bound (`ocxsite.redis_guard`), the routing state's compare-and-set check (a healthy
+Sequential calls (as at c=1) against a real Redis: the bare client (`state.resp`), then the
+breaker's bound (`state.redis_guard`), the routing state's compare-and-set check (a healthy
 pick), the guarded store around it, the quota gate's read, and a key's and a user's token
 budgets: their admission read on its own (a request with a window budget still makes it; with
 token budgets only the quota gate's read carries it) and their charge. CPU (user+sys of this process)
@@ -47,11 +47,11 @@ async def measure(name: str, op: Callable[[], Awaitable[Any]], n: int) -> None:
 
 
 async def run(url: str, n: int) -> None:
-    from ocxsite.redis_guard import GuardedJsonStore, GuardedStateStore, RedisBreaker
-    from ocxsite.redis_state import RedisStateStore
-    from quota.redis_store import RedisJsonStore
-    from quota.resp import RespClient
     from quota.tracker import QuotaTracker
+    from state.redis_guard import GuardedJsonStore, GuardedStateStore, RedisBreaker
+    from state.redis_state import RedisStateStore
+    from state.redis_store import RedisJsonStore
+    from state.resp import RespClient
 
     prefix = f"ocxrt{os.getpid()}"
     client = RespClient(url)
@@ -75,10 +75,10 @@ async def run(url: str, n: int) -> None:
         n,
     )
     # A key and a user token budget, as ocx-full has (`bench/run.py`): admission, then charge.
-    from ocxsite.budget_gate import BudgetGate
-    from ocxsite.budget_store import RedisBudgetStore
-    from ocxsite.budgets import ScopedBudget, TokenBudget
-    from ocxsite.redis_guard import GuardedBudgetStore
+    from state.budget_store import RedisBudgetStore
+    from state.redis_guard import GuardedBudgetStore
+    from usage.budget_gate import BudgetGate
+    from usage.budgets import ScopedBudget, TokenBudget
 
     gate = BudgetGate(
         GuardedBudgetStore(RedisBudgetStore(url), breaker, 1), prefix=prefix, tz="UTC"

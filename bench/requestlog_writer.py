@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     from django.core.management import call_command
     from django.db import connection, transaction
 
-    from ocxsite import requestlog
-    from ocxsite.models import RequestLog
+    from usage import requestlog
+    from usage.models import RequestLog
 
     call_command("migrate", verbosity=0)
 

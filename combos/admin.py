@@ -14,11 +14,11 @@ from django.template.response import TemplateResponse
 from django.urls import path
 
 from combos import selectors
-from combos.engine import validate
-from combos.engine.catalog import build_catalog, catalog_json
 from combos.models import Combo, ComboTarget
 from combos.state_reset import clear_on_commit
 from providers import services as provider_services
+from routing import validate
+from routing.catalog import build_catalog, catalog_json
 
 COMBO_HELP = {
     "combo_id": "Letters, numbers, dot, underscore or hyphen (max 64). Clients ask for "

@@ -5,8 +5,8 @@ from ninja import Router
 from ninja.errors import HttpError
 
 from combos import selectors, services
-from combos.engine import validate
 from providers.json_body import object_body
+from routing import validate
 
 router = Router(tags=["combos"])
 

@@ -4,7 +4,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Router
 
 from combos import selectors
-from combos.engine.catalog import catalog_json
+from routing.catalog import catalog_json
 
 router = Router(tags=["catalog"])
 

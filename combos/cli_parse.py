@@ -2,7 +2,7 @@
 
 The management command does the argv plumbing (argparse); these functions turn flag values into
 the `PUT /api/combos` body and raise `CliUsageError` with the reference's exact messages. The
-server-side rules (grammar, ranges, providers) stay in `combos.engine.validate`.
+server-side rules (grammar, ranges, providers) stay in `routing.validate`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from combos.engine.types import EFFORTS, STRATEGIES
+from routing.types import EFFORTS, STRATEGIES
 
 CLEAR = "-"
 MSG_ID_REQUIRED = "combo id is required"

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-from combos.engine.state import ComboState, StateStore
 from quota.tracker import JsonStore, Record
+from routing.state import ComboState, StateStore
 
 Pair = tuple[str, str]  # (provider, credential fingerprint)
 Source = Literal["redis", "this process", "this worker", "none", "redis unreachable"]

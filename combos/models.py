@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from django.db import models
 
-from combos.engine.types import EFFORTS, STRATEGIES
 from providers.models import Provider
+from routing.types import EFFORTS, STRATEGIES
 
 
 class Combo(models.Model):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 from types import MappingProxyType
 
-from combos.engine import validate
-from combos.engine.types import ComboSpec, ConfigSnapshot, ModelSpec, ProviderSpec, Timeouts
 from combos.models import Combo, ComboTarget
 from providers import selectors as provider_selectors
 from providers.models import ConfigState, Provider, ProviderModel
 from providers.sealing import unseal
+from routing import validate
+from routing.types import ComboSpec, ConfigSnapshot, ModelSpec, ProviderSpec, Timeouts
 
 
 def combo_raw(combo: Combo, targets: list[dict[str, object]] | None = None) -> dict[str, object]:
@@ -157,7 +157,7 @@ def config_dump() -> dict[str, object]:
 
 def catalog_result():  # type: ignore[no-untyped-def]
     """The Codex catalog for the stored configuration (combos omitted are listed too)."""
-    from combos.engine.catalog import build_catalog
+    from routing.catalog import build_catalog
 
     return build_catalog(config_snapshot())
 
@@ -181,9 +181,9 @@ def combo_warnings(combo_id: str) -> list[str]:
 def needs_attention() -> list[str]:
     """What an operator should look at: omitted combos, and the targets whose configured state
     (`eligibility.target_state`, the router's own rule) is disabled or without a credential."""
-    from combos.engine.catalog import OMISSION_DETAILS
-    from combos.engine.eligibility import Access, credential_problem, target_state
-    from combos.engine.state import ComboState
+    from routing.catalog import OMISSION_DETAILS
+    from routing.eligibility import Access, credential_problem, target_state
+    from routing.state import ComboState
 
     snapshot = config_snapshot()
     notes: list[str] = []

@@ -7,14 +7,14 @@ from collections.abc import Mapping
 from django.db import transaction
 
 from combos import selectors
-from combos.engine import validate
-from combos.engine.types import ComboSpec
 from combos.models import Combo, ComboTarget
 from combos.state_reset import clear_on_commit
 from providers import presets
 from providers import services as provider_services
 from providers.errors import ConfigError
 from providers.models import ConfigState, Provider
+from routing import validate
+from routing.types import ComboSpec
 
 RENAME_NOT_STRING = "renameFrom must be a non-empty string"
 RENAME_SAME = "renameFrom must differ from id"

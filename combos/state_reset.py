@@ -4,7 +4,7 @@ A PUT/DELETE of a combo resets its routing state (cooldowns, rotation, leases). 
 the runtime does this itself when it loads the new config version; with `REDIS_URL` the state is
 shared, so the write path deletes the keys exactly once, after the transaction commits, instead
 of every worker clearing (and possibly wiping state another worker already wrote for the new
-definition). Key layout: `ocxsite.redis_state.RedisStateStore` (`{prefix}:combo:{id}`).
+definition). Key layout: `state.redis_state.RedisStateStore` (`{prefix}:combo:{id}`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What each combo would do now, and why: `/api/status`, `ocx status`, admin badges (§8.6/§8.7).
 
-Every target state comes from `combos.engine.eligibility.target_state` with the inputs the
+Every target state comes from `routing.eligibility.target_state` with the inputs the
 proxy gives it (the provider's credential, the caller credential's quota record, the combo's
 routing state and pin), and `wouldServe` is a dry run of the selector's own `plan` on that
 state: nothing is written. For `chatgpt` targets the credential is the caller's own, so the
@@ -23,19 +23,19 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from combos import live, selectors
-from combos.engine.eligibility import (
+from quota import windows as qw
+from quota.models import QuotaTransition
+from quota.tracker import Record
+from routing.eligibility import (
     RESOLVED,
     Access,
     TargetState,
     credential_problem,
     target_state,
 )
-from combos.engine.state import ComboState, stamped
-from combos.engine.strategies import plan
-from combos.engine.types import ComboSpec, ConfigSnapshot
-from quota import windows as qw
-from quota.models import QuotaTransition
-from quota.tracker import Record
+from routing.state import ComboState, stamped
+from routing.strategies import plan
+from routing.types import ComboSpec, ConfigSnapshot
 
 DEFAULT_CREDENTIAL = "default"
 

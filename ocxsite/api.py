@@ -14,9 +14,9 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import APIKeyHeader
 
-from ocxsite import access
-from ocxsite.db_unavailable import unavailable_response
+from accounts import access
 from providers.errors import ConfigError
+from server.db_unavailable import unavailable_response
 
 
 class ManagementAuth(APIKeyHeader):
@@ -126,12 +126,12 @@ def on_data_error(request: HttpRequest, exc: DataError) -> HttpResponse:
 
 
 def _mount() -> None:
+    from accounts.keys_api import router as keys_router
     from combos.api import router as combos_router
     from combos.catalog_api import router as catalog_router
-    from ocxsite.keys_api import router as keys_router
-    from ocxsite.ops_api import router as ops_router
     from providers.api import router as providers_router
     from usage.api import router as usage_router
+    from usage.ops_api import router as ops_router
 
     api.add_router("/combos", combos_router)
     api.add_router("/providers", providers_router)

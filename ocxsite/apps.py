@@ -4,21 +4,21 @@ from django.apps import AppConfig
 
 
 class OcxsiteConfig(AppConfig):
-    """The composition root also owns access: client keys, management tokens, request log."""
+    """The project package: settings, URLs, the API's mounting, the CLI; wires the apps together."""
 
     name = "ocxsite"
-    verbose_name = "Access and request log"
+    verbose_name = "ocx"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
         from django.conf import settings
         from django.db.models.signals import post_delete, post_save
 
+        from accounts.access import keys_changed
+        from accounts.models import ClientKey, UserBudget
         from combos import live
-        from ocxsite import live as live_loader
-        from ocxsite.access import keys_changed
-        from ocxsite.confignotify import on_versions_committed
-        from ocxsite.models import ClientKey, UserBudget
+        from gateway import live as live_loader
+        from gateway.runtime import on_versions_committed
         from providers.services import versions_committed
 
         for model in (ClientKey, UserBudget, settings.AUTH_USER_MODEL):

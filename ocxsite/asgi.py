@@ -18,14 +18,14 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
-from ocxsite.events import EventsConsumer  # noqa: E402
-from ocxsite.proxy import ProxyApp  # noqa: E402
+from gateway.events import EventsConsumer  # noqa: E402
+from gateway.proxy import ProxyApp  # noqa: E402
 
 proxy_app = ProxyApp()
 
 if os.environ.get("OCX_WORKER"):
     # `ocx serve` raised it already (inherited); a worker started some other way raises its own.
-    from ocxsite import fdlimit  # noqa: E402
+    from server import fdlimit  # noqa: E402
 
     _nofile = fdlimit.raise_soft_limit()
     if _nofile is not None:

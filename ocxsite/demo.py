@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from accounts import access
+from accounts.models import ClientKey
 from combos import services as combo_services
 from combos.models import Combo
-from ocxsite import access
-from ocxsite.models import ClientKey
 from providers import services as provider_services
 
 DEMO_KEY_NOTE = "demo"

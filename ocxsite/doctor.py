@@ -170,8 +170,8 @@ def check_bind(host: str) -> Check:
 
 def _credential_state(spec: object) -> tuple[str, str]:
     """(verdict, detail) for one provider's own credential."""
-    from combos.engine.types import ProviderSpec
     from combos.selectors import credential_for
+    from routing.types import ProviderSpec
 
     assert isinstance(spec, ProviderSpec)
     if spec.adapter == "chatgpt":
@@ -188,8 +188,8 @@ def _credential_state(spec: object) -> tuple[str, str]:
 
 
 def check_providers(snapshot: object) -> list[Check]:
-    from combos.engine.types import ConfigSnapshot
     from providers.models import Provider
+    from routing.types import ConfigSnapshot
 
     assert isinstance(snapshot, ConfigSnapshot)
     if not snapshot.providers:
@@ -214,7 +214,7 @@ def check_providers(snapshot: object) -> list[Check]:
 
 def _eligible(snapshot: object, provider_name: str) -> str | None:
     """None when a target on this provider can be chosen now, else why not."""
-    from combos.engine.types import ConfigSnapshot
+    from routing.types import ConfigSnapshot
 
     assert isinstance(snapshot, ConfigSnapshot)
     spec = snapshot.providers.get(provider_name)
@@ -227,8 +227,8 @@ def _eligible(snapshot: object, provider_name: str) -> str | None:
 
 
 def check_combos(snapshot: object) -> list[Check]:
-    from combos.engine.types import ConfigSnapshot
-    from combos.engine.validate import undeclared_target_notes
+    from routing.types import ConfigSnapshot
+    from routing.validate import undeclared_target_notes
 
     assert isinstance(snapshot, ConfigSnapshot)
     out: list[Check] = []
@@ -255,13 +255,13 @@ def check_combos(snapshot: object) -> list[Check]:
 
 
 def check_catalog(snapshot: object) -> list[Check]:
-    from combos.engine.catalog import (
+    from routing.catalog import (
         build_catalog,
         catalog_json,
         catalog_problems,
         validate_catalog,
     )
-    from combos.engine.types import ConfigSnapshot
+    from routing.types import ConfigSnapshot
 
     assert isinstance(snapshot, ConfigSnapshot)
     result = build_catalog(snapshot)
@@ -279,7 +279,7 @@ def check_catalog(snapshot: object) -> list[Check]:
 def check_open_files() -> Check:
     """The open-files limit `ocx serve` will run with (it raises the soft limit to the hard)
     against `HEADROOM` × the streams one worker is expected to carry."""
-    from ocxsite import fdlimit
+    from server import fdlimit
 
     served = fdlimit.served_limit()
     if served is None:
@@ -335,8 +335,8 @@ def _url_without_secrets(url: str) -> str:
 
 def _probe_request(spec: object, model: str) -> tuple[str, dict[str, str], dict[str, object]]:
     """(url, headers, body) of the smallest request the adapter's upstream accepts."""
-    from combos.engine.types import ProviderSpec
     from combos.selectors import credential_for
+    from routing.types import ProviderSpec
 
     assert isinstance(spec, ProviderSpec)
     base = spec.base_url.rstrip("/")

@@ -162,14 +162,15 @@ INSTALLED_APPS = [
     "quota",
     "usage",
     "dashboard",
+    "accounts",
     "ninja",  # Swagger UI / ReDoc served from our own static files (no CDN)
     "ocxsite",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "ocxsite.http_errors.json_api_errors",
-    "ocxsite.db_unavailable.DatabaseUnavailableMiddleware",
+    "server.http_errors.json_api_errors",
+    "server.db_unavailable.DatabaseUnavailableMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -186,7 +187,7 @@ TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
         # Overrides of the admin's own templates: searched before the apps' directories.
-        "DIRS": [Path(__file__).resolve().parent / "templates"],
+        "DIRS": [Path(__file__).resolve().parent.parent / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -229,7 +230,7 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
-        "json": {"()": "ocxsite.logjson.JsonFormatter"},
+        "json": {"()": "server.logjson.JsonFormatter"},
     },
     "handlers": {
         "console": {

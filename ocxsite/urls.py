@@ -1,21 +1,44 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import path
+from django.http import HttpRequest, HttpResponsePermanentRedirect
+from django.urls import path, re_path
 
 from dashboard import views as dashboard_views
 from ocxsite import views
 from ocxsite.api import api
 
-# A disallowed Host (and other bad requests) on Django's paths: see ocxsite/http_errors.py.
-handler400 = "ocxsite.http_errors.bad_request"
+# A disallowed Host (and other bad requests) on Django's paths: see server/http_errors.py.
+handler400 = "server.http_errors.bad_request"
 
 admin.site.site_header = "ocx administration"
 admin.site.site_title = "ocx"
 # ocx has no site outside the admin: "View site" pointed at `/`, a 404.
 admin.site.site_url = None
 
+# The admin pages of the models that moved out of the `ocxsite` app (keys and tokens to
+# `accounts`, the request log and budget events to `usage`): old bookmarks keep working.
+_MOVED_ADMIN = {
+    "clientkey": "accounts",
+    "userbudget": "accounts",
+    "managementtoken": "accounts",
+    "requestlog": "usage",
+    "budgetevent": "usage",
+}
+
+
+def moved_admin(request: HttpRequest, model: str, rest: str) -> HttpResponsePermanentRedirect:
+    query = request.META.get("QUERY_STRING", "")
+    target = f"/admin/{_MOVED_ADMIN[model]}/{model}/{rest}"
+    return HttpResponsePermanentRedirect(target + (f"?{query}" if query else ""))
+
+
 urlpatterns = [
+    re_path(
+        r"^admin/ocxsite/(?P<model>clientkey|userbudget|managementtoken|requestlog|budgetevent)/"
+        r"(?P<rest>.*)$",
+        moved_admin,
+    ),
     # The dashboard's live parts (the page itself is the admin index); staff only.
     path(
         "admin/dashboard/live/",

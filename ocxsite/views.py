@@ -9,7 +9,7 @@ from combos import selectors
 
 def healthz(request: HttpRequest) -> JsonResponse:
     """Process alive; `configVersion` is the config this worker is serving (None before use)."""
-    from ocxsite.runtime import get_runtime
+    from gateway.runtime import get_runtime
 
     snapshot = get_runtime().snapshot
     return JsonResponse({"status": "ok", "configVersion": snapshot and snapshot.version})
@@ -18,7 +18,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
 def readyz(request: HttpRequest) -> JsonResponse:
     """`ok`; `degraded` (still 200, so a load balancer keeps the worker: it serves, with the
     detail of what is missing); `unavailable` (503) only when it cannot serve at all."""
-    from ocxsite.runtime import get_runtime
+    from gateway.runtime import get_runtime
 
     runtime = get_runtime()
     checks: dict[str, str] = {}
@@ -77,7 +77,7 @@ def readyz(request: HttpRequest) -> JsonResponse:
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """Prometheus text format. Open like /healthz: it carries counts, never secrets."""
-    from ocxsite import metrics
+    from server import metrics
 
     _observe_cooldowns()
     body, content_type = metrics.render()
@@ -91,8 +91,8 @@ def _observe_cooldowns() -> None:
     import time
 
     from combos import live
-    from ocxsite import metrics
-    from ocxsite.runtime import get_runtime
+    from gateway.runtime import get_runtime
+    from server import metrics
 
     try:
         snapshot = get_runtime().snapshot or selectors.config_snapshot()

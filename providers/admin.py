@@ -3,14 +3,15 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
+from django.apps import apps
 from django.contrib import admin
 from django.db import transaction
 from django.http import HttpRequest
 
-from combos.engine import validate
 from providers import presets, services
 from providers.models import Provider, ProviderModel
 from providers.sealing import mask, seal
+from routing import validate
 
 
 def _csv(value: str) -> list[str] | None:
@@ -110,11 +111,10 @@ class ProviderForm(forms.ModelForm):  # type: ignore[type-arg]
         self._apply_preset(cleaned)
         name = cleaned.get("name")
         if name and not self.errors:
-            from combos.models import Combo
-
-            issues = validate.validate_provider(
-                name, self.raw(), combo_ids=list(Combo.objects.values_list("combo_id", flat=True))
-            )
+            # Looked up by name: providers sits below combos and never imports it.
+            combo_model = apps.get_model("combos", "Combo")
+            combo_ids = list(combo_model.objects.values_list("combo_id", flat=True))
+            issues = validate.validate_provider(name, self.raw(), combo_ids=combo_ids)
             for issue in issues:
                 self.add_error(None, issue.message)
         return cleaned

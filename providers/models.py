@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from combos.engine.types import ADAPTERS
+from routing.types import ADAPTERS
 
 
 class Provider(models.Model):

@@ -10,7 +10,7 @@ requests fail upstream instead.
 Sources (as of 2026-12-01):
 - OpenAI API reference (api.openai.com, `POST /v1/responses`, `Authorization: Bearer`,
   OPENAI_API_KEY by convention) and the Codex model catalog: the bare native slugs ocx
-  supports for `nativeAlias` (`combos.engine.catalog.NATIVE_MODELS`: gpt-5.6-sol,
+  supports for `nativeAlias` (`routing.catalog.NATIVE_MODELS`: gpt-5.6-sol,
   gpt-5.6-terra, gpt-5.5); 272000 tokens is the input window Codex's bundled catalog uses
   for the GPT-5 family, efforts low/medium/high are offered by every GPT-5 model.
 - Anthropic Messages API (`POST https://api.anthropic.com/v1/messages`, `x-api-key`,

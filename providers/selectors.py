@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from combos.engine import validate
 from providers.models import Provider
+from routing import validate
 
 
 def provider_stored_raw(provider: Provider) -> dict[str, object]:

@@ -1,7 +1,7 @@
 """Writes for providers and the config version. Every write bumps the version.
 
 After the transaction that bumped a version commits, `versions_committed` is sent: the server
-(`ocxsite.confignotify`) reloads the writing process's runtime at once and tells every other
+(`gateway.confignotify`) reloads the writing process's runtime at once and tells every other
 worker through Redis, so that a write is served by the very next request.
 """
 
@@ -14,11 +14,11 @@ from django.db import transaction
 from django.db.models import F
 from django.dispatch import Signal
 
-from combos.engine import validate
 from providers import presets
 from providers.errors import ConfigError
 from providers.models import ConfigState, Provider, ProviderModel
 from providers.sealing import mask, seal
+from routing import validate
 
 # Sent (no arguments) once the transaction that bumped a config or key-table version commits.
 versions_committed = Signal()

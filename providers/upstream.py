@@ -19,9 +19,6 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from combos.engine.attempts import Outcome
-from combos.engine.classify import FAILURE_BODY_LIMIT, Failure, failure_from_response, redact
-from combos.engine.types import ProviderSpec, TargetSpec
 from providers.http1 import POOL_SLOT, POOL_WAIT, Http1Transport, LocalOverload
 from providers.wire import chat
 from providers.wire.commit import (
@@ -37,6 +34,9 @@ from providers.wire.commit import (
 from providers.wire.sse import DONE_FRAME, SSEEvent
 from providers.wire.toolcalls import declared_tools, undeclared_at, undeclared_in_answer
 from providers.wire.usage import Usage, extract_usage
+from routing.attempts import Outcome
+from routing.classify import FAILURE_BODY_LIMIT, Failure, failure_from_response, redact
+from routing.types import ProviderSpec, TargetSpec
 
 Protocol_ = Literal["responses", "chat", "anthropic"]
 UPSTREAM_PROTOCOL: Mapping[str, Protocol_] = {

@@ -26,7 +26,7 @@ from schemathesis import GenerationMode  # noqa: E402
 from schemathesis.checks import not_a_server_error  # noqa: E402
 from schemathesis.specs.openapi.checks import response_schema_conformance  # noqa: E402
 
-from combos.engine.types import ADAPTERS, EFFORTS, STRATEGIES  # noqa: E402
+from routing.types import ADAPTERS, EFFORTS, STRATEGIES  # noqa: E402
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 CHECKS = [not_a_server_error, response_schema_conformance]

@@ -1,0 +1,1 @@
+"""What was spent: the request log, usage rollups, budgets and their events (an app)."""

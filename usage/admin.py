@@ -5,7 +5,8 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 
-from usage.models import UsageRollup
+from usage import requestlog_admin  # noqa: F401 - registers the request log admin
+from usage.models import BudgetEvent, UsageRollup
 
 # The exports the usage page links (the management API accepts a staff session).
 EXPORTS = (
@@ -53,3 +54,18 @@ class UsageRollupAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     ) -> HttpResponse:
         links = [(label, f"/api/usage?format=csv&{query}") for label, query in EXPORTS]
         return super().changelist_view(request, {**(extra_context or {}), "usage_exports": links})
+
+
+@admin.register(BudgetEvent)
+class BudgetEventAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Budgets crossing 80 % and 100 % (also on /ws/events and in the log)."""
+
+    list_display = ("at", "percent", "owner", "message")
+    list_filter = ("percent", "scope")
+    search_fields = ("owner", "message")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False

@@ -4,5 +4,7 @@ from django.apps import AppConfig
 
 
 class UsageConfig(AppConfig):
+    """The request log, usage rollups, budgets and their events."""
+
     name = "usage"
     default_auto_field = "django.db.models.BigAutoField"

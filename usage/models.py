@@ -95,3 +95,52 @@ class UsageRollup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.bucket:%Y-%m-%d %H:%M} {self.user or '-'} {self.target or '-'}"
+
+
+class RequestLog(models.Model):
+    request_id = models.CharField(max_length=40, db_index=True)
+    at = models.DateTimeField(db_index=True)
+    key_prefix = models.CharField(max_length=16, blank=True, default="")
+    user = models.CharField(max_length=150, blank=True, default="")
+    requested_model = models.CharField(max_length=256, blank=True, default="")
+    combo = models.CharField(max_length=64, blank=True, default="")
+    target = models.CharField(max_length=512, blank=True, default="")
+    status = models.PositiveIntegerField(default=0)
+    outcome = models.CharField(max_length=32, blank=True, default="")
+    stream = models.BooleanField(default=False)
+    duration_ms = models.PositiveIntegerField(default=0)
+    input_tokens = models.PositiveIntegerField(null=True, blank=True)
+    output_tokens = models.PositiveIntegerField(null=True, blank=True)
+    cached_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # Route trace: attempts [{target, status, reason, cooled_until, ms}], skipped [[key, why]].
+    attempts = models.JSONField(default=list, blank=True)
+    skipped = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        db_table = "ocxsite_requestlog"  # its table since before the move from ocxsite
+        ordering = ("-at",)
+
+    def __str__(self) -> str:
+        return self.request_id
+
+
+class BudgetEvent(models.Model):
+    """A budget crossing 80 % or 100 % (once per budget period)."""
+
+    at = models.DateTimeField(db_index=True)
+    owner = models.CharField(max_length=200)
+    scope = models.CharField(max_length=8)
+    percent = models.PositiveSmallIntegerField()
+    budget = models.JSONField(default=dict)
+    window = models.CharField(max_length=32, blank=True, default="")
+    used = models.FloatField()
+    limit = models.FloatField()
+    resets_at = models.DateTimeField()
+    message = models.TextField()
+
+    class Meta:
+        db_table = "ocxsite_budgetevent"  # its table since before the move from ocxsite
+        ordering = ("-at",)
+
+    def __str__(self) -> str:
+        return self.message

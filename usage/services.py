@@ -36,7 +36,7 @@ COMPACT_ROWS = 5000
 
 
 class UsageRecord(Protocol):
-    """What one finished proxy request tells the rollups (`ocxsite.requestlog.RequestEntry`)."""
+    """What one finished proxy request tells the rollups (`usage.requestlog.RequestEntry`)."""
 
     at: float
     user: str

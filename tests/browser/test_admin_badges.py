@@ -19,7 +19,7 @@ from tests.browser.test_admin_browser import (  # noqa: F401 - fixtures used by 
     shot,
 )
 from tests.conftest import Mock, Server
-from tests.ocxsite.test_quota_failover import FALLBACK_KEY, PRIMARY_KEY, provider, sync
+from tests.gateway.test_quota_failover import FALLBACK_KEY, PRIMARY_KEY, provider, sync
 
 
 def test_badges_show_states_and_follow_a_cooldown_live(

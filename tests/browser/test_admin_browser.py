@@ -401,7 +401,7 @@ def test_admin_combo_editor_reorder_routes_and_request_log(
     assert_nothing_clipped(page, "td", ".ocx-badge")
 
     # The request log: its columns fit, the filters narrow it, the detail shows the route.
-    page.goto(f"/admin/ocxsite/requestlog/?combo={combo_id}")
+    page.goto(f"/admin/usage/requestlog/?combo={combo_id}")
     snap("10-request-log")
     assert_nothing_clipped(page, "td", ".ocx-status")
     head = page.locator("#result_list thead").inner_text()
@@ -440,7 +440,7 @@ def test_admin_combo_editor_reorder_routes_and_request_log(
     snap("12-request-log-filters")
 
     # The hop's detail: the attempts table (the cooldown's end in local time) and no raw JSON.
-    page.goto(f"/admin/ocxsite/requestlog/?combo={combo_id}&status_class=2xx")
+    page.goto(f"/admin/usage/requestlog/?combo={combo_id}&status_class=2xx")
     row = page.locator(
         "#result_list tbody tr", has=page.locator("td.field-hop_count", has_text="1")
     )

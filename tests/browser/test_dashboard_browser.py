@@ -36,7 +36,7 @@ from tests.browser.test_admin_browser import (  # noqa: F401 - fixtures used by 
     shot,
 )
 from tests.conftest import Mock, Server
-from tests.ocxsite.test_quota_failover import provider, sync
+from tests.gateway.test_quota_failover import provider, sync
 
 # The browser's zone is not UTC: every time shown must be this zone's, none the server's UTC.
 ZONE = "America/New_York"

@@ -12,14 +12,14 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from combos.engine.state import ComboState, MemoryStateStore
 from combos.models import Combo
 from combos.services import combo_set
-from ocxsite.runtime import get_runtime
+from gateway.runtime import get_runtime
 from providers.models import Provider
 from providers.services import provider_set
 from quota import windows as qw
 from quota.tracker import MemoryJsonStore, Record
+from routing.state import ComboState, MemoryStateStore
 from tests.combos.test_admin import _combo_post
 
 pytestmark = pytest.mark.django_db
@@ -183,7 +183,7 @@ def test_badges_read_the_shared_redis_state(
     import asyncio
     import uuid
 
-    from ocxsite.redis_state import RedisStateStore
+    from state.redis_state import RedisStateStore
 
     settings.OCX_STATE_KEY_PREFIX = f"ocx-badges-{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv("K", "sk-badges")

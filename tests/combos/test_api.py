@@ -9,11 +9,11 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
+from accounts import access
 from combos import selectors
-from combos.engine import validate
-from ocxsite import access
 from providers import services as provider_services
 from providers.models import ConfigState
+from routing import validate
 
 pytestmark = pytest.mark.django_db
 

@@ -8,9 +8,9 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.test import Client, override_settings
 
-from combos.engine.catalog import validate_catalog
 from combos.services import combo_set
 from providers.services import provider_set
+from routing.catalog import validate_catalog
 
 pytestmark = pytest.mark.django_db
 TOKEN = "catalog-test-token-0123456789"

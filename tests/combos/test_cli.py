@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
+from accounts import access
+from accounts.models import ClientKey
 from combos import selectors
-from ocxsite import access
 from ocxsite.cli import main
-from ocxsite.models import ClientKey
 from providers import services as provider_services
 from providers.models import ConfigState, Provider
 

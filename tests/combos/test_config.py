@@ -295,7 +295,7 @@ def test_merge_can_reference_stored_providers(
 
 
 def dump_of(doc: dict[str, Any]) -> dict[str, Any]:
-    from combos.engine import validate
+    from routing import validate
 
     return validate.config_to_sparse(validate.normalize_config(doc))
 

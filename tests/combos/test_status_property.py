@@ -25,15 +25,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from combos import live
-from combos.engine.attempts import Outcome, route
-from combos.engine.state import ComboState, MemoryStateStore
-from combos.engine.strategies import POLICY_BEFORE_LAST_RESORT
-from combos.engine.types import STRATEGIES, ComboSpec, ConfigSnapshot, ProviderSpec, TargetSpec
 from combos.status import credential_view
-from ocxsite.proxy import _access, _credential_pair, fingerprint
+from gateway.proxy import _access, _credential_pair, fingerprint
 from providers.upstream import Caller
 from quota import windows as qw
 from quota.tracker import MemoryJsonStore, QuotaTracker, Record
+from routing.attempts import Outcome, route
+from routing.state import ComboState, MemoryStateStore
+from routing.strategies import POLICY_BEFORE_LAST_RESORT
+from routing.types import STRATEGIES, ComboSpec, ConfigSnapshot, ProviderSpec, TargetSpec
 
 NOW = 1_800_000_000_000
 SET_ENV = "OCX_PROP_STATUS_KEY_SET"

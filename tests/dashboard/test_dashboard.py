@@ -17,17 +17,17 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from combos import live
-from combos.engine.state import ComboState
 from combos.services import combo_set
 from dashboard import selectors, services
 from dashboard.models import KEEP, RoutingEvent
-from ocxsite.requestlog import RequestEntry
 from providers.services import provider_set
 from quota import windows as qw
 from quota.models import QuotaTransition
 from quota.tracker import Record
+from routing.state import ComboState
 from usage import services as usage_services
 from usage.models import LATENCY_BOUNDS_MS
+from usage.requestlog import RequestEntry
 
 pytestmark = pytest.mark.django_db
 
@@ -327,7 +327,7 @@ def test_no_page_references_an_external_host(staff: Client) -> None:
         "/admin/combos/combo/add/",
         "/admin/combos/combo/events/",
         "/admin/providers/provider/",
-        "/admin/ocxsite/requestlog/",
+        "/admin/usage/requestlog/",
         "/admin/usage/usagerollup/",
         "/api/docs",
     ]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from accounts.models import ClientKey
 from ocxsite.cli import COMMANDS, main
-from ocxsite.models import ClientKey
 from tests.conftest import ROOT
 
 DJANGO_OPTIONS = ("--settings", "--pythonpath", "--traceback", "--no-color", "--verbosity")

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("ocxsite", "providers", "combos", "quota", "usage", "dashboard")
+APPS = ("ocxsite", "providers", "combos", "quota", "usage", "dashboard", "accounts")
+# The packages that are not Django apps (no models, no migrations).
+PACKAGES = ("gateway", "server", "state", "routing")
 
 
 def test_every_first_party_app_is_checked() -> None:
@@ -31,7 +33,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp_path_factory.mktemp("src")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    for app in APPS:
+    for app in (*APPS, *PACKAGES, "templates"):
         shutil.copytree(ROOT / app, src / app, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
@@ -52,8 +54,10 @@ def test_the_wheel_holds_every_app_and_its_files(wheel: Path) -> None:
     for app in APPS:
         assert f"{app}/__init__.py" in names, app
         assert f"{app}/migrations/0001_initial.py" in names, app
+    for package in PACKAGES:
+        assert f"{package}/__init__.py" in names, package
     for path in (
-        "ocxsite/templates/admin/index.html",
+        "templates/admin/index.html",
         "dashboard/templates/dashboard/dashboard.html",
         "ocxsite/static/ocx/dashboard.js",
         "ocxsite/static/ocx/vendor/chart-4.5.1.umd.min.js",
@@ -105,4 +109,4 @@ print(json.dumps({
     found = json.loads(run.stdout.strip().splitlines()[-1])
     for what in ("package", "index", "dashboard", "chart"):
         assert found[what] and found[what].startswith(str(site)), (what, found[what])
-    assert {"combos", "providers", "ocxsite", "usage", "dashboard"} <= set(found["applied"])
+    assert set(APPS) <= set(found["applied"])

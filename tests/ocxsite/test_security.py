@@ -308,7 +308,7 @@ def test_non_staff_users_have_no_admin_or_api_access(users: Server) -> None:
     out = manage(server, "shell", "-c", SESSION_SCRIPT.replace("USERNAME", repr(PLAIN_USER)))
     session = out.split("SESSION=")[1].strip()
     plain = httpx.Client(base_url=server.url, timeout=30, cookies={"sessionid": session})
-    for path in ("/admin/", "/admin/combos/combo/", "/admin/ocxsite/requestlog/"):
+    for path in ("/admin/", "/admin/combos/combo/", "/admin/usage/requestlog/"):
         r = plain.get(path)
         assert r.status_code == 302, (path, r.status_code)
         assert r.headers["location"].startswith("/admin/login/")
@@ -328,7 +328,7 @@ def test_non_staff_users_have_no_admin_or_api_access(users: Server) -> None:
 def test_staff_session_has_admin_and_api_access(users: Server) -> None:
     client = staff_client(users)
     assert client.get("/admin/").status_code == 200
-    assert client.get("/admin/ocxsite/requestlog/").status_code == 200
+    assert client.get("/admin/usage/requestlog/").status_code == 200
     r = client.get("/api/combos")
     assert r.status_code == 200, r.text
     assert "combos" in r.json()
@@ -530,8 +530,8 @@ def test_credential_isolation_and_no_secret_in_any_output(users: Server, mock: M
     assert len(pages) >= 10, [p for p, _ in pages]
     paths = {p for p, _ in pages}
     assert "/admin/providers/provider/" in paths
-    assert "/admin/ocxsite/requestlog/" in paths
-    assert any(p.startswith("/admin/ocxsite/requestlog/") and p.endswith("/change/") for p in paths)
+    assert "/admin/usage/requestlog/" in paths
+    assert any(p.startswith("/admin/usage/requestlog/") and p.endswith("/change/") for p in paths)
     assert any(p.startswith("/admin/providers/provider/") and p.endswith("/change/") for p in paths)
     outputs.extend(pages)
     outputs.append(("server output", "".join(server.output)))

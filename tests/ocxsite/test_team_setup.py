@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from django.contrib.auth import get_user_model
 
-from ocxsite import access, doctor
+from accounts import access
+from accounts.models import ClientKey
+from ocxsite import doctor
 from ocxsite.cli import main
 from ocxsite.demo import demo_setup
-from ocxsite.models import ClientKey
 from providers import services as provider_services
 from tests.conftest import ROOT, Mock, start_server
 

@@ -10,9 +10,9 @@ from django.core.management import call_command
 from django.test import Client
 
 from combos import selectors
-from combos.engine import validate
 from providers.models import ConfigState, Provider
 from providers.sealing import unseal
+from routing import validate
 
 pytestmark = pytest.mark.django_db
 

@@ -11,11 +11,11 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from combos import selectors
-from combos.engine.catalog import validate_catalog
 from ocxsite.cli import main
 from providers import presets
 from providers import services as provider_services
 from providers.models import Provider
+from routing.catalog import validate_catalog
 
 pytestmark = pytest.mark.django_db
 

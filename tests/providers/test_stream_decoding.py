@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
-from combos.engine.types import TargetSpec
 from providers import upstream
 from providers.wire import sse
 from providers.wire.anthropic import AnthropicCommitScanner
+from routing.types import TargetSpec
 
 CHAT_FRAMES = [
     {"id": "c", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi"}}]},

@@ -7,7 +7,6 @@ import ssl
 
 import httpx
 
-from combos.engine.types import ProviderSpec, Timeouts
 from providers.upstream import (
     POOL_CONNECTIONS,
     POOL_KEEPALIVE,
@@ -15,6 +14,7 @@ from providers.upstream import (
     ProviderClient,
     upstream_headers,
 )
+from routing.types import ProviderSpec, Timeouts
 
 
 def test_every_client_shares_one_verifying_tls_context() -> None:

@@ -11,8 +11,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from ocxsite.requestlog import RequestEntry
 from usage import services
+from usage.requestlog import RequestEntry
 
 pytestmark = pytest.mark.django_db
 

@@ -17,9 +17,9 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from ocxsite.requestlog import RequestEntry
 from usage import selectors, services
 from usage.models import HOUR, MINUTE, UsageRollup
+from usage.requestlog import RequestEntry
 
 T0 = dt.datetime(2026, 3, 2, 10, 15, 30, tzinfo=dt.UTC)
 
@@ -307,8 +307,8 @@ def test_a_batch_commits_log_and_usage_together(monkeypatch: pytest.MonkeyPatch)
     never a reason to lose the batch."""
     from django.db import OperationalError
 
-    from ocxsite import requestlog
-    from ocxsite.models import RequestLog
+    from usage import requestlog
+    from usage.models import RequestLog
 
     long_model = "m" * 300
     now = dt.datetime.now(dt.UTC)  # within both retentions

@@ -12,8 +12,8 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from combos import selectors
-from combos.engine.catalog import catalog_json, catalog_problems, validate_catalog
 from providers.management.base import ExamplesCommand
+from routing.catalog import catalog_json, catalog_problems, validate_catalog
 
 USAGE = """\
 ocx catalog write PATH

@@ -10,10 +10,10 @@ from django.core.management.base import CommandError, CommandParser
 
 from combos import selectors, services
 from combos.cli_parse import CliUsageError, build_set_request
-from combos.engine import validate
-from combos.engine.types import ComboSpec
 from providers.errors import ConfigError
 from providers.management.base import ExamplesCommand
+from routing import validate
+from routing.types import ComboSpec
 
 ALIASES = {"create": "set", "update": "set", "delete": "remove"}
 

@@ -59,7 +59,7 @@ def worker_command(server: str, fd: int) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "ocxsite.daphne_main",
+        "server.daphne_main",
         "--fd",
         str(fd),
         "--proxy-headers",
@@ -97,7 +97,7 @@ def _graceful(base: type[Any]) -> type[Any]:
     and telling `ocx serve` through OCX_READY_FD when it accepts connections."""
     import threading
 
-    from ocxsite import lifecycle
+    from server import lifecycle
 
     class GracefulServer(base):  # type: ignore[valid-type,misc]
         def __init__(self, config: Any) -> None:
@@ -173,13 +173,13 @@ class Command(ExamplesCommand):
             raise CommandError(WORKERS_NEED_REDIS.format(n=workers))
         server: str = options["server"]
         check_server(server)
-        from ocxsite import fdlimit
         from ocxsite.doctor import (
             created_message,
             data_dir_note,
             database_label,
             migrate_if_needed,
         )
+        from server import fdlimit
 
         if not options["no_migrate"] and migrate_if_needed():
             self.stderr.write(created_message())
@@ -222,7 +222,7 @@ class Command(ExamplesCommand):
             shutil.rmtree(metrics_dir, ignore_errors=True)
             metrics_dir.mkdir(parents=True)
             env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
-        from ocxsite.supervisor import Supervisor
+        from server.supervisor import Supervisor
 
         on_exit = None
         if workers > 1:
@@ -250,7 +250,7 @@ class Command(ExamplesCommand):
         )
         self.stdout.write(f"ocx listening on http://{host}:{port} ({workers} {server} worker(s))")
         self.stdout.flush()
-        # A worker that dies is restarted, SIGHUP restarts them one by one (ocxsite.supervisor).
+        # A worker that dies is restarted, SIGHUP restarts them one by one (server.supervisor).
         try:
             code = supervisor.run()
         finally:

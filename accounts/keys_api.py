@@ -1,0 +1,210 @@
+"""`/api/keys`: client keys, camelCase both ways (`allowedModels`, `rpmLimit`, `budgets`).
+
+The snake_case `allowed_models` / `rpm_limit` of earlier releases are still accepted for one
+release; a request using them gets `Deprecation: true` and a `Warning` header.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.http import HttpRequest, HttpResponse
+from ninja import Field, Router, Schema
+from ninja.errors import HttpError
+from pydantic.config import JsonDict
+
+from accounts import access, key_services
+from accounts.models import ClientKey, UserBudget
+from usage.budgets import stored_budgets
+
+router = Router(tags=["keys"])
+USER_MAX = 150  # django.contrib.auth's username length
+RPM_MAX = 2_147_483_647  # PositiveIntegerField on every supported database
+_DEPRECATED: JsonDict = {"deprecated": True}
+
+
+class KeyIn(Schema):
+    user: str
+    name: str = ""
+    allowedModels: list[str] | None = None
+    rpmLimit: int | None = None
+    budget: dict[str, Any] | None = Field(None, description="one budget (ocx budgets)")
+    budgets: list[dict[str, Any]] | None = Field(None, description="a list of budgets")
+    allowed_models: list[str] | None = Field(
+        None, description="deprecated: use allowedModels", json_schema_extra=_DEPRECATED
+    )
+    rpm_limit: int | None = Field(
+        None, description="deprecated: use rpmLimit", json_schema_extra=_DEPRECATED
+    )
+
+
+class KeyPatch(Schema):
+    name: str | None = None
+    allowedModels: list[str] | None = None
+    rpmLimit: int | None = Field(None, description="null removes the limit")
+    budget: dict[str, Any] | None = Field(None, description="null removes every budget")
+    budgets: list[dict[str, Any]] | None = Field(None, description="replaces the list")
+    allowed_models: list[str] | None = Field(
+        None, description="deprecated: use allowedModels", json_schema_extra=_DEPRECATED
+    )
+    rpm_limit: int | None = Field(
+        None, description="deprecated: use rpmLimit", json_schema_extra=_DEPRECATED
+    )
+
+
+def _listed(key: ClientKey) -> dict[str, object]:
+    return {
+        "id": key.pk,
+        "prefix": key.prefix,
+        "user": key.user.get_username(),
+        "name": key.name,
+        "allowedModels": list(key.allowed_models),
+        "rpmLimit": key.rpm_limit,
+        "budgets": [b.to_json() for b in stored_budgets(key.budgets)],
+        "created": key.created.isoformat(),
+        "revoked": key.revoked.isoformat() if key.revoked else None,
+    }
+
+
+def _pick(payload: Schema, camel: str, snake: str, response: HttpResponse) -> tuple[bool, Any]:
+    """(given, value) of a field sent as `camel` or, deprecated, as `snake` (not both)."""
+    given = payload.model_fields_set
+    if camel in given and snake in given:
+        raise HttpError(400, f"give {camel} or {snake}, not both ({snake} is deprecated)")
+    if snake in given:
+        response["Deprecation"] = "true"
+        warning = f'299 - "{snake} is deprecated; use {camel}"'
+        old = response.get("Warning")
+        response["Warning"] = f"{old}, {warning}" if old else warning
+        return True, getattr(payload, snake)
+    return camel in given, getattr(payload, camel)
+
+
+def _budgets(payload: Schema) -> tuple[bool, Any]:
+    given = payload.model_fields_set
+    if "budget" in given and "budgets" in given:
+        raise HttpError(400, "give budget or budgets, not both")
+    if "budgets" in given:
+        return True, payload.budgets  # type: ignore[attr-defined]
+    return "budget" in given, payload.budget  # type: ignore[attr-defined]
+
+
+def _checked(
+    payload: Schema, response: HttpResponse
+) -> tuple[tuple[bool, Any], tuple[bool, Any], tuple[bool, Any]]:
+    models = _pick(payload, "allowedModels", "allowed_models", response)
+    rpm = _pick(payload, "rpmLimit", "rpm_limit", response)
+    budgets = _budgets(payload)
+    if rpm[1] is not None and not 1 <= rpm[1] <= RPM_MAX:
+        raise HttpError(400, f"rpmLimit must be an integer from 1 to {RPM_MAX}")
+    # PostgreSQL text cannot hold NUL (SQLite can): reject it the same way on both.
+    if any("\x00" in s for s in models[1] or ()):
+        raise HttpError(400, "allowedModels must not contain NUL characters")
+    if models[0] and models[1]:
+        problem = key_services.allowed_models_problem(models[1])
+        if problem is not None:
+            raise HttpError(400, problem)
+    return models, rpm, budgets
+
+
+@router.get("", operation_id="list_keys")
+def list_keys(request: HttpRequest) -> dict[str, object]:
+    return {"keys": [_listed(k) for k in ClientKey.objects.select_related("user")]}
+
+
+@router.post("", operation_id="create_key", response={201: dict, 409: dict})
+def create_key(
+    request: HttpRequest, payload: KeyIn, response: HttpResponse
+) -> tuple[int, dict[str, object]]:
+    if not payload.user.strip():
+        raise HttpError(400, "user is required")
+    if len(payload.user.strip()) > USER_MAX:
+        raise HttpError(400, f"user must be at most {USER_MAX} characters")
+    if "\x00" in payload.user or "\x00" in payload.name:
+        raise HttpError(400, "user and name must not contain NUL characters")
+    models, rpm, budgets = _checked(payload, response)
+    # A model-level refusal (e.g. name longer than 64) is a 400 (ocxsite.api's handler).
+    username = payload.user.strip()
+    # Automation may mint a key for a new user in one call; the answer says it did.
+    created = not get_user_model().objects.filter(username=username).exists()
+    try:
+        key, secret = access.client_key_create(
+            username=username,
+            name=payload.name,
+            allowed_models=models[1] or [],
+            rpm_limit=rpm[1],
+            budgets=key_services.budgets_value(budgets[1]) if budgets[0] else [],
+        )
+    except access.KeyOwnerError as exc:
+        return 409, {"error": exc.message, "code": exc.code}
+    # The secret is shown here once and never again.
+    return 201, {**_listed(key), "key": secret, "userCreated": created}
+
+
+class UserBudgetsIn(Schema):
+    budget: dict[str, Any] | None = Field(None, description="one budget; null removes them")
+    budgets: list[dict[str, Any]] | None = Field(None, description="replaces the list")
+
+
+def _user_budgets(row: UserBudget) -> dict[str, object]:
+    return {
+        "user": row.user.get_username(),
+        "budgets": [b.to_json() for b in stored_budgets(row.budgets)],
+    }
+
+
+@router.get("/user-budgets", operation_id="list_user_budgets")
+def list_user_budgets(request: HttpRequest) -> dict[str, object]:
+    """Every user with budgets (shared by all their keys)."""
+    return {"users": [_user_budgets(r) for r in UserBudget.objects.select_related("user")]}
+
+
+@router.put("/user-budgets/{username}", operation_id="set_user_budgets")
+def set_user_budgets(
+    request: HttpRequest, username: str, payload: UserBudgetsIn
+) -> dict[str, object]:
+    """Replace a user's budgets; `{"budgets": []}` or `{"budget": null}` removes them."""
+    if "\x00" in username:
+        raise HttpError(400, "user must not contain NUL characters")
+    given, value = _budgets(payload)
+    if not given:
+        raise HttpError(400, "give budget or budgets")
+    if not get_user_model().objects.filter(username=username).exists():
+        raise HttpError(404, f"no user {username}")
+    key_services.user_budgets_set(username=username, budgets=value)
+    return {"user": username, "budgets": key_services.user_budgets_get(username=username)}
+
+
+@router.patch("/{key_id}", operation_id="update_key")
+def update_key(
+    request: HttpRequest, key_id: int, payload: KeyPatch, response: HttpResponse
+) -> dict[str, object]:
+    """Change a key's name, allowedModels, rpmLimit or budgets; absent fields stay as they are.
+    `"rpmLimit": null` removes the limit, `"budget": null` / `"budgets": []` every budget."""
+    if payload.name is not None and "\x00" in payload.name:
+        raise HttpError(400, "name must not contain NUL characters")
+    if "name" in payload.model_fields_set and payload.name is None:
+        raise HttpError(400, "name must be a string")
+    models, rpm, budgets = _checked(payload, response)
+    changes: dict[str, Any] = {}
+    if payload.name is not None:
+        changes["name"] = payload.name
+    if models[0]:
+        changes["allowed_models"] = models[1] or []
+    if rpm[0]:
+        changes["rpm_limit"] = rpm[1]
+    if budgets[0]:
+        changes["budgets"] = budgets[1]
+    try:
+        key = key_services.client_key_update(key_id=key_id, **changes)
+    except ClientKey.DoesNotExist:
+        raise HttpError(404, "unknown or revoked key") from None
+    return _listed(key)
+
+
+@router.delete("/{key_id}", operation_id="revoke_key")
+def revoke_key(request: HttpRequest, key_id: int) -> dict[str, object]:
+    if not access.client_key_revoke(key_id=key_id):
+        raise HttpError(404, "unknown or already revoked key")
+    return {"success": True, "id": key_id}

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from usage.budgets import validate_budgets
+
+
+class ClientKey(models.Model):
+    """An `ocx_…` key a developer puts in Codex; stored as a SHA-256 hash only."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="client_keys")
+    name = models.CharField(max_length=64, blank=True, default="")
+    prefix = models.CharField(max_length=16, help_text="first characters, to recognise a key")
+    digest = models.CharField(max_length=64, unique=True)
+    allowed_models = models.JSONField(default=list, blank=True)
+    rpm_limit = models.PositiveIntegerField(null=True, blank=True)
+    # [{"tokens": N, "period": "day"}, {"windowPercent": P, "provider": "…"}] (usage.budgets)
+    budgets = models.JSONField(default=list, blank=True, validators=[validate_budgets])
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+    revoked = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "ocxsite_clientkey"  # its table since before the move from ocxsite
+        ordering = ("-created",)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user})"
+
+
+class UserBudget(models.Model):
+    """A user's budgets, shared by all their keys (usage.budgets)."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, models.CASCADE, related_name="ocx_budget")
+    budgets = models.JSONField(default=list, blank=True, validators=[validate_budgets])
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "ocxsite_userbudget"  # its table since before the move from ocxsite
+        ordering = ("user__username",)
+
+    def __str__(self) -> str:
+        return f"budgets of {self.user}"
+
+
+class ManagementToken(models.Model):
+    """An `ocxm_…` token of a staff user for the management API."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="mgmt_tokens")
+    name = models.CharField(max_length=64, blank=True, default="")
+    prefix = models.CharField(max_length=16)
+    digest = models.CharField(max_length=64, unique=True)
+    created = models.DateTimeField(auto_now_add=True)
+    revoked = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "ocxsite_managementtoken"  # its table since before the move from ocxsite
+        ordering = ("-created",)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user})"

@@ -1,5 +1,0 @@
-"""The pure routing core: selection, cooldowns, classification, attempts.
-
-Nothing in this package imports Django; it works on the frozen dataclasses of
-`combos.engine.types` and takes `now`, `rng` and `sleep` as arguments.
-"""

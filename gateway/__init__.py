@@ -1,0 +1,1 @@
+"""The `/v1` front door and its per-process runtime: proxy, config reloads, events socket."""

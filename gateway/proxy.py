@@ -1,0 +1,918 @@
+"""The proxy front door: a lean ASGI app for `/v1/*` (mounted in `ocxsite.asgi`).
+
+Per request: authenticate the client key against the cached key map, parse the body,
+resolve the model against the in-memory config snapshot, run the attempt loop, and stream
+the committing target's answer. No ORM call happens here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Literal
+
+from django.conf import settings
+
+from accounts.access import CLIENT_PREFIX, KeyInfo, digest
+from combos.selectors import credential_for
+from combos.shaping import (
+    ENCRYPTED_TASK_CODE,
+    ENCRYPTED_TASK_MESSAGE,
+    ENCRYPTED_TASK_STATUS,
+    child_body,
+    compat_hop,
+    encrypted_task_predicate,
+    encrypted_task_rejection,
+    has_encrypted_agent_task,
+    image_rejection,
+)
+from gateway.runtime import Runtime, get_runtime
+from providers.upstream import Caller, attempt
+from providers.wire.commit import terminal_error_frame, truncation_failure
+from quota.tracker import Gate
+from quota.windows import (
+    credential_fingerprint,
+    is_exhausted,
+    windows_from_error,
+    windows_from_headers,
+)
+from routing.attempts import Outcome, RouteResult, route
+from routing.catalog import models_list
+from routing.classify import Failure, classify, redact
+from routing.eligibility import (
+    RESOLVED,
+    Access,
+    Quota,
+    credential_problem,
+    target_state,
+)
+from routing.recall import lane_of, snapshot_liveness
+from routing.state import ComboState
+from routing.types import ComboSpec, ConfigSnapshot, TargetSpec
+from routing.validate import Resolution, resolve_model
+from server import lifecycle, metrics
+from server.http_errors import HOST_NOT_ALLOWED, HostGate
+from usage.budget_gate import Refusal
+from usage.requestlog import RequestEntry, new_request_id
+
+log = logging.getLogger("ocx.proxy")
+request_log = logging.getLogger("ocx.request")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+# A bare `provider/model` request has no combo, hence no routing state.
+_NO_STATE = ComboState()
+# The quota gate's verdict per credential, as the target state reads it.
+_QUOTA: Mapping[str, Quota] = {
+    "eligible": "available",
+    "ineligible": "limited",
+    "probe": "probe_due",
+}
+ENDPOINTS: Mapping[str, Literal["responses", "chat"]] = {
+    "/v1/responses": "responses",
+    "/v1/chat/completions": "chat",
+}
+
+
+# Retry-After of a 503 `ocx_overloaded`: long streams free pool slots within seconds.
+OVERLOAD_RETRY_AFTER_S = 5
+
+
+def error_payload(status: int, type_: str, code: str | None, message: str) -> bytes:
+    return json.dumps({"error": {"type": type_, "code": code, "message": message}}).encode()
+
+
+class HTTPFailure(Exception):
+    def __init__(
+        self,
+        status: int,
+        type_: str,
+        code: str | None,
+        message: str,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.body = error_payload(status, type_, code, message)
+        self.headers = headers or []
+
+
+class ClientGone(Exception):
+    pass
+
+
+class Exchange:
+    """One client request/response, with the route headers sent at commit."""
+
+    def __init__(self, send: Send, request_id: str) -> None:
+        self._send = send
+        self.request_id = request_id
+        self.started = False
+        self.status = 0
+        self.combo: str | None = None
+        self.attempts = 0
+        self.upstream_s = 0.0
+        # The final body was sent: nothing more may follow (ASGI allows one end of body).
+        self.done = False
+        # The serving attempt is over: a client leaving now must not cancel the bookkeeping.
+        self.upstream_done = False
+        self.protocol: Literal["responses", "chat"] = "responses"
+        self.streaming = False
+        # Set once the request is a POST to a proxy endpoint: from then on it is logged, even
+        # when it is refused before its model is read (401, the key's rpm budget, bad JSON).
+        self.logged = False
+        self.entry = RequestEntry(request_id=request_id, at=time.time())
+        self._held: list[bytes] | None = None
+        # Budgets (PRODUCT §9.5): the admitted key, and the credential and headers of the
+        # answer that was served (its quota windows count against window budgets).
+        self.key: KeyInfo | None = None
+        self.served_quota: tuple[tuple[str, str], Mapping[str, str]] | None = None
+
+    def base_headers(self) -> list[tuple[bytes, bytes]]:
+        headers = [(b"x-ocx-request-id", self.request_id.encode())]
+        if self.combo is not None:
+            headers.append((b"x-ocx-combo", self.combo.encode()))
+        return headers
+
+    async def commit(
+        self, status: int, headers: list[tuple[bytes, bytes]], target: TargetSpec
+    ) -> None:
+        self.started = True
+        self.status = status
+        # A body of known length (non-streaming) is held until `finish`, which runs after the
+        # attempt loop recorded the outcome: a client that sends its next request as soon as it
+        # has the whole answer must see this one's success (shared round-robin across workers).
+        self._held = [] if any(name == b"content-length" for name, _ in headers) else None
+        self.entry.ttft_ms = int((time.time() - self.entry.at) * 1000)
+        route_headers = self.base_headers() + [
+            (b"x-ocx-target", target.key.encode()),
+            (b"x-ocx-attempts", str(self.attempts).encode()),
+        ]
+        await self._send(
+            {"type": "http.response.start", "status": status, "headers": headers + route_headers}
+        )
+
+    async def write(self, data: bytes) -> None:
+        if data:
+            if self._held is not None:
+                self._held.append(data)
+                return
+            await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def finish(self) -> None:
+        if self.started and not self.done:
+            self.done = True
+            body = b"".join(self._held or ())
+            self._held = None
+            await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def respond(
+        self, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
+        self.started = True
+        self.status = status
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *self.base_headers(),
+            *(extra or []),
+        ]
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+        self.done = True
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def _sleep_ms(ms: int) -> None:
+    await asyncio.sleep(ms / 1000)
+
+
+class ProxyApp:
+    def __init__(self, runtime: Runtime | None = None) -> None:
+        self._runtime = runtime
+        # ALLOWED_HOSTS as Django applies it elsewhere, precomputed (a dict lookup per request).
+        self.hosts = HostGate(settings.ALLOWED_HOSTS)
+
+    @property
+    def runtime(self) -> Runtime:
+        return self._runtime or get_runtime()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request_id = new_request_id()
+        exchange = Exchange(send, request_id)
+        started = time.monotonic()
+        outcome = "ok"
+        # The whole request, its `finally` too (charge, last chunk, log entry): a drain must
+        # not see nothing in flight while a request still writes.
+        with lifecycle.track():
+            try:
+                await self._handle(scope, receive, exchange)
+            except asyncio.CancelledError:
+                if not lifecycle.stopping():
+                    raise
+                # The worker's shutdown grace ran out: an explicit error, never a clean end.
+                outcome = "shutdown"
+                failure = lifecycle.SHUTDOWN_FAILURE
+                if not exchange.started:
+                    await exchange.respond(
+                        failure.status,
+                        error_payload(failure.status, failure.type, failure.code, failure.message),
+                    )
+                elif exchange.streaming and not exchange.upstream_done:
+                    await exchange.write(terminal_error_frame(exchange.protocol, failure))
+            except HTTPFailure as exc:
+                outcome = exc.code or "error"
+                if not exchange.started:
+                    await exchange.respond(exc.status, exc.body, exc.headers)
+            except ClientGone:
+                exchange.status = 499
+                outcome = "client_cancelled"
+            except Exception:
+                # A bug or a state backend failure (Redis down): never a bare 500 and never a
+                # stream that ends as if complete.
+                log.exception("request %s failed inside ocx", request_id)
+                outcome = "internal_error"
+                if not exchange.started:
+                    await exchange.respond(
+                        502,
+                        error_payload(
+                            502,
+                            "server_error",
+                            "internal_error",
+                            f"ocx could not complete the request (request id {request_id})",
+                        ),
+                    )
+                elif exchange.streaming and not exchange.upstream_done:
+                    await exchange.write(
+                        terminal_error_frame(
+                            exchange.protocol, truncation_failure("was interrupted inside ocx")
+                        )
+                    )
+            finally:
+                if exchange.key is not None:
+                    await self._charge(exchange)
+                if exchange.started:
+                    try:
+                        await exchange.finish()
+                    except OSError:
+                        outcome = "client_cancelled"
+                if exchange.logged:
+                    self._log(exchange, outcome, time.monotonic() - started)
+
+    def _log(self, exchange: Exchange, outcome: str, elapsed: float) -> None:
+        entry = exchange.entry
+        entry.status = exchange.status
+        entry.duration_ms = int(elapsed * 1000)
+        if outcome == "ok" and any(
+            a.get("outcome") == "failed_after_commit" for a in entry.attempts
+        ):
+            outcome = "failed_after_commit"
+        entry.outcome = outcome
+        metrics.REQUESTS.labels(entry.combo, entry.target, str(entry.status)).inc()
+        metrics.PROXY_OVERHEAD.observe(max(0.0, elapsed - exchange.upstream_s))
+        runtime = self.runtime
+        if settings.OCX_REQUEST_LOG or settings.OCX_USAGE:
+            runtime.requestlog.submit(entry)
+        if settings.OCX_LOG_JSON:
+            request_log.info(
+                json.dumps(
+                    {
+                        "request_id": entry.request_id,
+                        "user": entry.user,
+                        "model": entry.requested_model,
+                        "combo": entry.combo,
+                        "target": entry.target,
+                        "status": entry.status,
+                        "outcome": entry.outcome,
+                        "attempts": len(entry.attempts),
+                        "ms": entry.duration_ms,
+                    }
+                )
+            )
+
+    async def _handle(self, scope: Scope, receive: Receive, exchange: Exchange) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        headers = _headers(scope)
+        if not self.hosts.allows(headers.get("host") or _server_name(scope)):
+            raise HTTPFailure(400, "invalid_request_error", "host_not_allowed", HOST_NOT_ALLOWED)
+        if path == "/v1/models":
+            if method != "GET":
+                raise HTTPFailure(405, "invalid_request_error", "method_not_allowed", "Use GET")
+            snapshot = await self.runtime.ready()
+            key = self._authenticate(headers)
+            listing = models_list(snapshot)
+            if key.allowed_models:
+                listing["data"] = [m for m in listing["data"] if m["id"] in key.allowed_models]
+            await exchange.respond(200, json.dumps(listing).encode())
+            return
+        inbound = ENDPOINTS.get(path)
+        if inbound is None:
+            raise HTTPFailure(404, "invalid_request_error", "not_found", f"Unknown endpoint {path}")
+        if method != "POST":
+            raise HTTPFailure(405, "invalid_request_error", "method_not_allowed", "Use POST")
+        exchange.logged = True
+        snapshot = await self.runtime.ready()
+        key = self._authenticate(headers)
+        entry = exchange.entry
+        entry.key_prefix, entry.user, entry.key_id = key.prefix, key.user, key.id
+        if key.rpm_limit is not None:
+            await self._limit(key)
+        body = await _read_body(receive, settings.OCX_PROXY_MAX_BODY)
+        request = _parse_json(body)
+        model = request.get("model")
+        entry.requested_model = model if isinstance(model, str) else "?"
+        entry.stream = exchange.streaming = request.get("stream") is True
+        exchange.protocol = inbound
+        if not isinstance(model, str) or not model.strip():
+            raise HTTPFailure(
+                400,
+                "invalid_request_error",
+                "missing_model",
+                "model is required and must be a string",
+            )
+        stream = request.get("stream", False)
+        if not isinstance(stream, bool):
+            raise HTTPFailure(
+                400, "invalid_request_error", "invalid_type", "stream must be a boolean"
+            )
+        if key.allowed_models and model not in key.allowed_models:
+            raise HTTPFailure(
+                403, "permission_error", "model_not_allowed", f"This key may not use model {model}"
+            )
+        # Watch for the client going away while we work: it cancels the upstream at once.
+        task = asyncio.current_task()
+        assert task is not None
+        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, task, exchange))
+        try:
+            await self._route(snapshot, inbound, request, model, stream, headers, exchange, key)
+        except asyncio.CancelledError:
+            if watcher.done() and not watcher.cancelled():
+                raise ClientGone() from None
+            raise
+        finally:
+            watcher.cancel()
+
+    async def _limit(self, key: KeyInfo) -> None:
+        """The key's rpm limit (PRODUCT §9.1): one shared-counter hit, before the body is read."""
+        assert key.rpm_limit is not None
+        wait = await self.runtime.limiter.hit(key.id, key.rpm_limit, _now_ms())
+        if wait is not None:
+            raise HTTPFailure(
+                429,
+                "rate_limit_error",
+                "client_rate_limited",
+                f"This key is limited to {key.rpm_limit} requests per minute",
+                [(b"retry-after", str(wait).encode())],
+            )
+
+    async def _charge(self, exchange: Exchange) -> None:
+        """Count a finished request against the budgets (before its last byte is sent, so the
+        client's next request already sees it). Never fails the request."""
+        runtime, key = self.runtime, exchange.key
+        if key is None:
+            return
+        served = exchange.served_quota
+        providers = runtime.budgets.window_providers(runtime.keys) if served else frozenset()
+        if not key.budgets and (served is None or served[0][0] not in providers):
+            return
+        entry = exchange.entry
+        known = entry.input_tokens is not None or entry.output_tokens is not None
+        tokens = (entry.input_tokens or 0) + (entry.output_tokens or 0) if known else None
+        try:
+            await runtime.budgets.charge(
+                key.budgets, tokens=tokens, served=served, now_ms=_now_ms(), providers=providers
+            )
+        except Exception:  # noqa: BLE001 - the answer is complete; only the count is lost
+            log.exception("could not count request %s against its budgets", exchange.request_id)
+
+    def _authenticate(self, headers: Mapping[str, str]) -> KeyInfo:
+        token = headers.get("x-ocx-key", "")
+        if not token:
+            scheme, _, value = headers.get("authorization", "").partition(" ")
+            if scheme.lower() == "bearer" and value.strip().startswith(CLIENT_PREFIX):
+                token = value.strip()
+        info = self.runtime.keys.get(digest(token)) if token.startswith(CLIENT_PREFIX) else None
+        if info is None:
+            raise HTTPFailure(
+                401,
+                "invalid_request_error",
+                "invalid_api_key",
+                "Missing or invalid ocx client key (Authorization: Bearer ocx_… or x-ocx-key)",
+            )
+        return info
+
+    async def _route(
+        self,
+        snapshot: ConfigSnapshot,
+        inbound: Literal["responses", "chat"],
+        request: dict[str, Any],
+        model: str,
+        stream: bool,
+        headers: Mapping[str, str],
+        exchange: Exchange,
+        key: KeyInfo,
+    ) -> None:
+        runtime = self.runtime
+        entry = exchange.entry
+        resolution = resolve_model(model, snapshot)
+        lane = lane_of(headers, request)
+        if resolution.kind == "unresolved" and lane is not None:
+            # Compaction recall (reference §7): a bare upstream model name this client's
+            # session got from a combo earlier routes through that combo again.
+            recalled = await runtime.recall.recall(
+                str(key.id), lane, model, now=_now_ms(), live=snapshot_liveness(snapshot)
+            )
+            if recalled is not None:
+                resolution = Resolution("combo", combo_id=recalled)
+        if resolution.kind == "unknown_combo":
+            raise HTTPFailure(
+                404,
+                "invalid_request_error",
+                "model_not_found",
+                f"Unknown combo: {resolution.combo_id}",
+            )
+        if resolution.kind == "target":
+            assert resolution.provider is not None and resolution.model is not None
+            target = TargetSpec(resolution.provider, resolution.model)
+            combo = ComboSpec(id="", targets=(target,))
+        elif resolution.kind == "combo":
+            assert resolution.combo_id is not None
+            combo = snapshot.combos[resolution.combo_id]
+            exchange.combo = entry.combo = combo.id
+        else:
+            raise HTTPFailure(
+                404, "invalid_request_error", "model_not_found", f"Unknown model: {model}"
+            )
+        rejection = image_rejection(combo, request, inbound)
+        if rejection is not None:
+            raise HTTPFailure(400, "invalid_request_error", None, rejection)
+        encrypted = inbound == "responses" and has_encrypted_agent_task(request)
+        if encrypted and encrypted_task_rejection(combo, snapshot.providers, request) is not None:
+            raise HTTPFailure(
+                ENCRYPTED_TASK_STATUS,
+                "invalid_request_error",
+                ENCRYPTED_TASK_CODE,
+                ENCRYPTED_TASK_MESSAGE,
+            )
+        caller = Caller(headers=_caller_headers(headers), request_id=exchange.request_id)
+        pairs = {t.key: _credential_pair(snapshot, t, caller) for t in combo.targets}
+        # With Redis the combo's routing state comes in the quota read's round trip (a pick
+        # decided on it that writes nothing, a healthy one, needs no check of its own), and so
+        # do the counters of the key's token budgets: one round trip for all three stores.
+        now = _now_ms()
+        state = runtime.state_along(combo.id) if combo.id else ()
+        counters = runtime.budgets.along(key.budgets, now) if key.budgets else None
+        if key.budgets and counters is None:
+            _refuse(await runtime.budgets.admit(key.budgets, now), now)
+        gate = await runtime.tracker.gate(
+            (p for p in pairs.values() if p is not None),
+            now=now,
+            shared=runtime.shared,
+            along=(*state, *(counters or ())),
+        )
+        if counters:
+            if gate.along is None:  # Redis out, or no round trip made: the budget store's copy
+                _refuse(await runtime.budgets.admit(key.budgets, now), now)
+            else:
+                _refuse(
+                    runtime.budgets.admit_read(
+                        key.budgets, counters, gate.along[len(state) :], now
+                    ),
+                    now,
+                )
+        # A budget admitted here is charged at request end.
+        exchange.key = key
+        if state and gate.along is not None and not gate.leased:
+            runtime.prime_state(combo.id, gate.along[0])
+        encrypted_only = encrypted_task_predicate(snapshot.providers) if encrypted else None
+        compat: set[str] = set()
+        used: set[tuple[str, str]] = set()
+
+        def access(target: TargetSpec) -> Access:
+            return _access(snapshot, target, caller, gate, pairs.get(target.key))
+
+        def predicate(target: TargetSpec) -> str | None:
+            # Credential, quota and pin are the target's state (`access`); this is request-local.
+            return encrypted_only(target) if encrypted_only is not None else None
+
+        async def dispatch(target: TargetSpec, _last: bool) -> Outcome:
+            exchange.attempts += 1
+            provider = snapshot.providers[target.provider]
+            credential = None if provider.adapter == "chatgpt" else credential_for(provider)
+            child = child_body(
+                request,
+                combo=combo,
+                provider=provider,
+                model=target.model,
+                protocol=inbound,
+                compat=frozenset(compat),
+            )
+            seen: dict[str, Any] = {}
+            started = time.monotonic()
+
+            def observe(status: int, upstream_headers: Mapping[str, str]) -> None:
+                seen["headers"] = upstream_headers
+                metrics.UPSTREAM_TTFB.labels(provider.name).observe(time.monotonic() - started)
+
+            try:
+                outcome = await attempt(
+                    client=runtime.client(provider),
+                    provider=provider,
+                    target=target,
+                    credential=credential,
+                    inbound=inbound,
+                    body=child,
+                    stream=stream,
+                    caller=caller,
+                    responder=exchange,
+                    observe=observe,
+                )
+            finally:
+                elapsed = time.monotonic() - started
+                exchange.upstream_s += elapsed
+            if outcome.committed:
+                exchange.upstream_done = True
+                metrics.UPSTREAM_LATENCY.labels(provider.name).observe(elapsed)
+            failure = outcome.failure
+            if failure is not None and failure.transport == "local":
+                # Nothing reached the upstream: no quota evidence, no compatibility lesson.
+                _note_overload(provider.name, target.key, failure, elapsed, exchange.request_id)
+                return outcome
+            if outcome.malformed:
+                metrics.MALFORMED_FRAMES.labels(provider.name).inc(outcome.malformed)
+            pair = pairs.get(target.key)
+            if pair is not None:
+                used.add(pair)
+                limited = await _ingest_quota(runtime, pair, seen.get("headers") or {}, outcome)
+                if outcome.committed:
+                    exchange.served_quota = (pair, seen.get("headers") or {})
+                if limited and provider.adapter == "chatgpt":
+                    # This caller's account is out of quota; other accounts may still use
+                    # the target, so the quota state (per credential) handles it alone.
+                    outcome = dataclasses.replace(outcome, cool=False)
+            failure = outcome.failure
+            if failure is not None and not outcome.committed:
+                flag = compat_hop(failure, child, protocol=inbound)
+                if flag is not None:
+                    compat.add(flag)
+            return outcome
+
+        def on_cooldown(target_key: str, until: int, reason: str) -> None:
+            metrics.COOLDOWNS.labels(combo.id, target_key).inc()
+            runtime.emit(
+                {
+                    "kind": "cooldown",
+                    "combo": combo.id,
+                    "target": target_key,
+                    "until": until,
+                    "reason": reason,
+                }
+            )
+
+        try:
+            if not combo.id:
+                target = combo.targets[0]
+                why = target_state(
+                    target,
+                    providers=snapshot.providers,
+                    state=_NO_STATE,
+                    now=_now_ms(),
+                    access=access(target),
+                ).skip or predicate(target)
+                if why is not None:
+                    raise HTTPFailure(503, "server_error", "provider_unavailable", why)
+                outcome = await dispatch(target, True)
+                failed = outcome.failure
+                local = failed is not None and failed.transport == "local"
+                entry.attempts.append(
+                    {
+                        "target": target.key,
+                        "status": outcome.status
+                        if outcome.failure is None
+                        else outcome.failure.status,
+                        "outcome": "served"
+                        if outcome.committed
+                        else "local_overload"
+                        if local
+                        else "failed",
+                        **({"reason": classify(failed).reason} if failed and local else {}),
+                        **({"malformedFrames": outcome.malformed} if outcome.malformed else {}),
+                    }
+                )
+                if outcome.committed:
+                    entry.target = target.key
+                    _note_usage(entry, outcome.usage)
+                if not outcome.committed and outcome.failure is not None:
+                    _raise_upstream(outcome.failure)
+                return
+            result = RouteResult()
+            try:
+                await route(
+                    combo,
+                    snapshot.providers,
+                    runtime.store,
+                    dispatch=dispatch,
+                    now=_now_ms,
+                    sleep=_sleep_ms,
+                    rng=runtime.rng,
+                    predicate=predicate,
+                    quota_resets={k: gate.resets.get(p) for k, p in pairs.items() if p is not None},
+                    on_cooldown=on_cooldown,
+                    result=result,
+                    revision=snapshot.version,
+                    access=access,
+                )
+            except asyncio.CancelledError:
+                # Client abort: the request log still gets the attempt it made (status 499).
+                _record_route(entry, result)
+                raise
+        finally:
+            for pair in gate.probes - used:
+                await runtime.tracker.release(pair, now=_now_ms())
+        _record_route(entry, result)
+        for record in result.attempts:
+            if record.outcome == "hop":
+                metrics.HOPS.labels(combo.id, record.reason).inc()
+                # Only when a hop happened: a request served first time emits nothing.
+                runtime.emit(
+                    {
+                        "kind": "hop",
+                        "combo": combo.id,
+                        "target": record.target,
+                        "status": record.status,
+                        "reason": record.reason,
+                    }
+                )
+        if result.served is not None and not result.failed_after_commit and lane is not None:
+            await runtime.recall.remember(
+                str(key.id),
+                lane,
+                result.served.model,
+                combo.id,
+                now=_now_ms(),
+                target=result.served.key,
+            )
+        _finish_route(combo, result)
+
+
+async def _ingest_quota(
+    runtime: Runtime, pair: tuple[str, str], headers: Mapping[str, str], outcome: Outcome
+) -> bool:
+    """Fold an attempt's quota windows into its credential's state; True when the failure
+    was structured evidence that the credential is out of quota."""
+    now = _now_ms()
+    failure = outcome.failure
+    windows = windows_from_headers(headers, now=now) if headers else []
+    if failure is not None and not outcome.committed:
+        if failure.status is not None:
+            windows += windows_from_error(failure.status, failure.body, failure.headers, now=now)
+            # The error's headers are usually the ones observed above: count each window once.
+            windows = list(dict.fromkeys(windows))
+        await runtime.tracker.ingest(pair, windows, outcome="failure", now=now)
+        return any(is_exhausted(w, now=now) for w in windows)
+    await runtime.tracker.ingest(pair, windows, outcome="success", now=now)
+    return False
+
+
+def _refuse(refusal: Refusal | None, now: int) -> None:
+    """A used-up budget (PRODUCT §9.5) refuses the request."""
+    if refusal is not None:
+        raise HTTPFailure(
+            429, "rate_limit_error", "budget_exceeded", refusal.message(), refusal.headers(now)
+        )
+
+
+def _credential_pair(
+    snapshot: ConfigSnapshot, target: TargetSpec, caller: Caller
+) -> tuple[str, str] | None:
+    """(provider, credential fingerprint) whose quota applies to this request on `target`."""
+    provider = snapshot.providers.get(target.provider)
+    if provider is None:
+        return None
+    if provider.adapter == "chatgpt":
+        # Every ChatGPT account has its own windows: the caller's own token decides.
+        secret = caller.headers.get("authorization", "") + caller.headers.get(
+            "chatgpt-account-id", ""
+        )
+    else:
+        secret = credential_for(provider) or ""
+    return (provider.name, fingerprint(secret)) if secret else None
+
+
+@functools.lru_cache(maxsize=4096)
+def fingerprint(secret: str) -> str:
+    return credential_fingerprint(secret)
+
+
+def _note_usage(entry: RequestEntry, usage: Any) -> None:
+    if usage is not None:
+        entry.input_tokens = usage.input
+        entry.output_tokens = usage.output
+        entry.cached_tokens = usage.cached
+        entry.reasoning_tokens = usage.reasoning
+
+
+def _record_route(entry: RequestEntry, result: RouteResult) -> None:
+    entry.attempts = [
+        {
+            "target": r.target,
+            "status": r.status,
+            "outcome": r.outcome,
+            "reason": r.reason,
+            "cooledUntil": r.cooled_until,
+            "ms": r.ms,
+            **({"malformedFrames": r.malformed} if r.malformed else {}),
+        }
+        for r in result.attempts
+    ]
+    entry.skipped = [[k, why] for k, why in result.skipped]
+    if result.served is not None:
+        entry.target = result.served.key
+        _note_usage(entry, result.usage)
+
+
+def _finish_route(combo: ComboSpec, result: RouteResult) -> None:
+    if result.served is not None:
+        return
+    if result.unavailable:
+        missing = [why for _, why in result.skipped if why.startswith("credential")]
+        message = f"No available targets for combo: {combo.id}"
+        # Name what is missing when nothing else (only quota) stood in the way (PRODUCT §8.3).
+        quota = [why for _, why in result.skipped if why.startswith("quota_")]
+        if missing and len(missing) + len(quota) == len(result.skipped):
+            message += " (" + "; ".join(sorted(set(missing))) + ")"
+        extra = (
+            [] if result.retry_after is None else [(b"retry-after", result.retry_after.encode())]
+        )
+        raise HTTPFailure(503, "server_error", "combo_unavailable", message, extra)
+    assert result.failure is not None
+    _raise_upstream(result.failure)
+
+
+def _note_overload(provider: str, target: str, failure: Failure, s: float, request_id: str) -> None:
+    cause = failure.error_code or "overloaded"
+    metrics.LOCAL_OVERLOAD.labels(cause).inc()
+    log.warning(
+        "local overload (%s): request %s to %s (provider %s) stopped inside ocx after %d ms, "
+        "the target is not cooled: %s",
+        cause,
+        request_id,
+        target,
+        provider,
+        int(s * 1000),
+        failure.message,
+    )
+
+
+def _raise_upstream(failure: Failure) -> None:
+    """The last upstream failure, sanitized, with its own status (reference §3.7)."""
+    if failure.transport == "local":
+        # ocx's own limit: the client may retry soon, on this target or any other.
+        cause = failure.error_code or "overloaded"
+        raise HTTPFailure(
+            503,
+            "server_error",
+            "ocx_overloaded",
+            f"ocx is overloaded ({cause}); retry shortly",
+            [(b"retry-after", str(OVERLOAD_RETRY_AFTER_S).encode())],
+        )
+    if failure.status is None:
+        kind = failure.transport or "error"
+        status = 504 if kind.startswith("timeout") else 502
+        raise HTTPFailure(
+            status, "upstream_error", f"upstream_{kind}", f"Provider {kind.replace('_', ' ')}"
+        )
+    text = redact(failure.message) if failure.message else ""
+    message = f"Provider error {failure.status}" + (f": {text}" if text else "")
+    code = failure.error_code or classify(failure).code or None
+    extra: list[tuple[bytes, bytes]] = []
+    retry = failure.headers.get("retry-after")
+    if retry is not None and retry.strip().isdigit():
+        extra.append((b"retry-after", retry.strip().encode()))
+    raise HTTPFailure(failure.status, failure.error_type or "upstream_error", code, message, extra)
+
+
+def _access(
+    snapshot: ConfigSnapshot,
+    target: TargetSpec,
+    caller: Caller,
+    gate: Gate,
+    pair: tuple[str, str] | None,
+) -> Access:
+    """The caller's credential and its quota on `target`, for `eligibility.target_state`."""
+    provider = snapshot.providers.get(target.provider)
+    if provider is None:
+        return RESOLVED
+    secret = None if provider.adapter == "chatgpt" else credential_for(provider)
+    missing = credential_problem(provider, secret, caller_token="authorization" in caller.headers)
+    if pair is None or pair not in gate.verdicts:
+        return Access(missing=missing, credential=None if pair is None else pair[1])
+    return Access(
+        missing=missing,
+        credential=pair[1],
+        quota=_QUOTA[gate.verdicts[pair]],
+        probe_granted=pair in gate.probes,
+    )
+
+
+def _server_name(scope: Scope) -> str | None:
+    # No Host header (HTTP/1.0): Django checks SERVER_NAME, the address the request came in on.
+    server = scope.get("server")
+    return server[0] if server else None
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for raw_name, raw_value in scope["headers"]:
+        try:
+            out[raw_name.decode("latin-1").lower()] = raw_value.decode("latin-1")
+        except UnicodeDecodeError:
+            continue
+    return out
+
+
+def _caller_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """What an upstream may ever see from the caller: never the ocx key or cookies."""
+    out = {
+        k: v
+        for k, v in headers.items()
+        if k
+        in (
+            "chatgpt-account-id",
+            "openai-beta",
+            "originator",
+            "session_id",
+            "version",
+            "x-codex-beta-features",
+            "x-openai-subagent",
+        )
+    }
+    # Codex's `session_id` reaches us as `session-id` (see server.daphne_main).
+    session = headers.get("session-id") or headers.get("session_id")
+    if session is not None:
+        out["session_id"] = session
+    scheme, _, value = headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and value.strip() and not value.strip().startswith(CLIENT_PREFIX):
+        out["authorization"] = f"Bearer {value.strip()}"
+    return out
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise HTTPFailure(
+                413,
+                "invalid_request_error",
+                "request_too_large",
+                f"Request body exceeds {limit} bytes",
+            )
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _parse_json(body: bytes) -> dict[str, Any]:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise HTTPFailure(
+            400, "invalid_request_error", "invalid_json", "Request body is not valid UTF-8"
+        ) from None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise HTTPFailure(
+            400, "invalid_request_error", "invalid_json", "Request body is not valid JSON"
+        ) from None
+    if not isinstance(data, dict):
+        raise HTTPFailure(
+            400, "invalid_request_error", "invalid_json", "Request body must be a JSON object"
+        )
+    return data
+
+
+async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], exchange: Exchange) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            if not exchange.upstream_done:
+                task.cancel()
+            return

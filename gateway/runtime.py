@@ -1,0 +1,506 @@
+"""Per-process routing runtime: the config snapshot, key cache, state store, HTTP clients.
+
+A committed write reloads the writing process's runtime before the write returns, and with
+`REDIS_URL` every other worker on a notice (`gateway.confignotify`). A background task also
+polls the config version and the key-table version every OCX_CONFIG_POLL_MS, off the hot path,
+as the safety net. A change rebuilds the snapshot, clears the routing state of combos whose
+definition changed, and replaces the HTTP clients of providers whose definition changed.
+
+The state store is `RedisStateStore` when `REDIS_URL` is set (shared by every worker; the write
+path in `combos.services` / `combos.admin` resets changed combos' keys once, see
+`combos.state_reset`), else a per-process `MemoryStateStore` that this runtime clears itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import random
+import sys
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, cast
+
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import InterfaceError as DbInterfaceError
+from django.db import OperationalError as DbOperationalError
+
+from accounts import access
+from accounts.access import KeyInfo
+from combos import selectors
+from dashboard import services as dashboard_services
+from dashboard.services import STORED_KINDS
+from gateway import confignotify
+from gateway.events import EVENTS_GROUP
+from providers.upstream import ProviderClient
+from quota import services as quota_services
+from quota.tracker import JsonStore, MemoryJsonStore, QuotaTracker
+from quota.windows import Transition, Window, transition_message
+from routing.state import MemoryStateStore, StateStore
+from routing.types import ConfigSnapshot, ProviderSpec
+from server import lifecycle, metrics
+from server.background import BatchWriter, in_thread
+from state.ratelimit import MemoryLimiter, RedisLimiter
+from state.recall_store import MemoryRecall, RedisRecall
+from usage import budget_events, requestlog
+
+if TYPE_CHECKING:
+    from state.redis_guard import GuardedLimiter, GuardedRecall, GuardedStateStore, RedisBreaker
+
+log = logging.getLogger("ocx.runtime")
+
+
+def _load() -> tuple[int, ConfigSnapshot, dict[str, KeyInfo]]:
+    # The key version is read before the keys: a key write racing this load leaves the stored
+    # version past the one recorded here, so the next poll reloads (the counter never repeats).
+    _, keys_version = selectors.config_versions()
+    return keys_version, selectors.config_snapshot(), access.client_keys_active()
+
+
+def _poll(known_keys: int) -> tuple[int, int, dict[str, KeyInfo] | None]:
+    version, keys_version = selectors.config_versions()
+    keys = None if keys_version == known_keys else access.client_keys_active()
+    return version, keys_version, keys
+
+
+class Runtime:
+    def __init__(self, store: StateStore | None = None) -> None:
+        self.snapshot: ConfigSnapshot | None = None
+        self.keys: Mapping[str, KeyInfo] = {}
+        self.keys_version = -1
+        # One circuit breaker per worker in front of every Redis-backed store (redis_guard).
+        # The guard, its stores and redis-py load only where Redis is used (4-5 MB of a
+        # worker otherwise).
+        self.redis: RedisBreaker | None = None
+        if settings.OCX_REDIS_URL:
+            from state.redis_guard import RedisBreaker
+
+            self.redis = RedisBreaker(
+                settings.OCX_REDIS_URL,
+                timeout_s=settings.OCX_REDIS_TIMEOUT_MS / 1000,
+                on_change=self._on_redis,
+            )
+        self.store: StateStore = store or _default_store(self.redis)
+        self.clients: dict[str, ProviderClient] = {}
+        self.rng = random.Random()
+        self.shared = bool(settings.OCX_REDIS_URL)
+        self.tracker = QuotaTracker(
+            _quota_store(self.redis), on_transition=self._on_transition, on_windows=self._on_windows
+        )
+        self.requestlog = requestlog.new_writer()
+        self.snapshots: BatchWriter[tuple[str, str, list[Window]]] = BatchWriter(
+            "quota snapshots", quota_services.snapshots_write, maxsize=2000, flush_s=2.0
+        )
+        self.transitions: BatchWriter[quota_services.TransitionEvent] = BatchWriter(
+            "quota transitions", quota_services.transitions_write, maxsize=1000
+        )
+        # Cooldowns and hops kept for the events page's history and the dashboard.
+        self.routing_events: BatchWriter[dict[str, object]] = BatchWriter(
+            "routing events", _write_routing_events, maxsize=1000, flush_s=1.0
+        )
+        self.recall: MemoryRecall | GuardedRecall = MemoryRecall()
+        self.limiter: MemoryLimiter | GuardedLimiter = MemoryLimiter()
+        if settings.OCX_REDIS_URL and self.redis is not None:
+            from state.redis_guard import GuardedLimiter, GuardedRecall
+
+            url, prefix = settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX
+            self.recall = GuardedRecall(RedisRecall(url, prefix), self.redis)
+            # While Redis is out each worker allows its share: `limit / workers`.
+            workers = int(os.environ.get("OCX_WORKER_COUNT") or 1)
+            self.limiter = GuardedLimiter(RedisLimiter(url, prefix), self.redis, workers)
+        # Budgets per key and user (PRODUCT §9.5): counters in Redis when set.
+        self.budget_events = budget_events.new_writer()
+        self.budgets = budget_events.new_gate(
+            self.emit, lambda: int(time.time() * 1000), self.budget_events
+        )
+        if self.redis is not None and settings.OCX_REDIS_URL:
+            from state.redis_guard import GuardedBudgetStore
+
+            # While Redis is out each worker spends its share of what was left (redis_guard).
+            workers = int(os.environ.get("OCX_WORKER_COUNT") or 1)
+            self.budgets.store = GuardedBudgetStore(self.budgets.store, self.redis, workers)
+        self._started: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        # The event loop serving requests (set by `ready()`): a write made in another thread of
+        # this process hands its reload to it (`reload_from_thread`).
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.listener: confignotify.Listener | None = None
+        self._refresh_lock = asyncio.Lock()
+
+    def state_along(self, combo_id: str) -> tuple[str, ...]:
+        """The Redis name of the combo's routing state when it lives in Redis: the quota gate
+        reads it in its own round trip (`QuotaTracker.gate(along=…)`), so that a pick that
+        writes nothing needs no check of its own (`prime_state`)."""
+        guarded = _guarded_state(self.store)
+        return () if guarded is None else (guarded.shared_key(combo_id),)
+
+    def prime_state(self, combo_id: str, raw: bytes | None) -> None:
+        guarded = _guarded_state(self.store)
+        if guarded is not None:
+            guarded.prime(combo_id, raw)
+
+    async def ready(self) -> ConfigSnapshot:
+        snapshot = self.snapshot
+        if snapshot is not None:
+            return snapshot
+        async with self._lock:
+            if self.snapshot is None:
+                self.loop = asyncio.get_running_loop()
+                if settings.OCX_REDIS_URL and self.listener is None:
+                    # Subscribed before the first load: no write can fall between the two.
+                    self.listener = confignotify.Listener(
+                        settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX, self._on_notice
+                    )
+                    await self.listener.start()
+                keys_version, snap, keys = await in_thread(_load)
+                self.apply(snap, keys, keys_version)
+                self._started = asyncio.get_running_loop().create_task(self._poll_forever())
+        assert self.snapshot is not None
+        return self.snapshot
+
+    def apply(
+        self, snapshot: ConfigSnapshot, keys: Mapping[str, KeyInfo], keys_version: int
+    ) -> None:
+        old = self.snapshot
+        self.keys, self.keys_version = keys, keys_version
+        if old is not None:
+            for combo_id, spec in old.combos.items():
+                # A shared (Redis) store is reset once by the config write path instead.
+                changed = snapshot.combos.get(combo_id) != spec
+                if changed and isinstance(self.store, _local_state_stores()):
+                    self.store.forget(combo_id)
+            for name, provider in old.providers.items():
+                new = snapshot.providers.get(name)
+                # The clients depend only on the timeouts and the pool size; in-flight streams
+                # keep theirs until they end, so an old pool is closed only after its longest
+                # request could run.
+                changed = new is None or (new.timeouts, new.max_connections) != (
+                    provider.timeouts,
+                    provider.max_connections,
+                )
+                if changed and name in self.clients:
+                    pool = self.clients.pop(name)
+                    grace_s = min(provider.timeouts.total_ms, 600_000) / 1000
+                    asyncio.get_running_loop().create_task(_close_later(pool, grace_s))
+        self.snapshot = snapshot
+
+    def offer(
+        self,
+        snapshot: ConfigSnapshot | None,
+        keys: Mapping[str, KeyInfo] | None,
+        keys_version: int,
+    ) -> None:
+        """Apply what a reload read, unless this runtime already serves something newer (a poll
+        and a write's reload can finish in either order). Loop thread only."""
+        current = self.snapshot
+        newer_keys = keys is not None and keys_version > self.keys_version
+        if snapshot is not None and (current is None or snapshot.version > current.version):
+            if newer_keys:
+                assert keys is not None
+                self.apply(snapshot, keys, keys_version)
+            else:
+                self.apply(snapshot, self.keys, self.keys_version)
+            log.info("config version %s loaded", snapshot.version)
+        elif newer_keys:
+            assert keys is not None
+            self.keys, self.keys_version = keys, keys_version
+
+    async def refresh(self) -> None:
+        """One poll: reload the snapshot when the config version moved, the key map when the
+        key-table version moved."""
+        async with self._refresh_lock:
+            version, keys_version, keys = await in_thread(_poll, self.keys_version)
+            if self.snapshot is None:
+                loaded_version, snap, loaded = await in_thread(_load)
+                self.apply(snap, loaded, loaded_version)
+                log.info("config version %s loaded", snap.version)
+            elif version != self.snapshot.version:
+                loaded_version, snap, loaded = await in_thread(_load)
+                self.offer(snap, loaded, loaded_version)
+            elif keys is not None:
+                self.offer(None, keys, keys_version)
+
+    async def _on_notice(self, notice: confignotify.Notice | None) -> None:
+        """A write committed somewhere (None: a notice may have been missed): reload now."""
+        # `ready()` may be loading a config read before this write: wait for it, then compare.
+        try:
+            # Inside the `try`: a first load that fails (database down) must not end the listener.
+            snapshot = self.snapshot or await self.ready()
+            if (
+                notice is not None
+                and notice.config_version <= snapshot.version
+                and notice.keys_version <= self.keys_version
+            ):
+                return  # this worker took the write, or a poll got there first
+            async with asyncio.timeout(confignotify.RELOAD_TIMEOUT_S):
+                if notice is not None and notice.config_version > snapshot.version:
+                    # The notice says the config moved: load it without a version read first.
+                    async with self._refresh_lock:
+                        loaded_version, snap, loaded = await in_thread(_load)
+                        self.offer(snap, loaded, loaded_version)
+                else:
+                    await self.refresh()
+        except Exception:  # noqa: BLE001 - the poll retries; a notice must not kill the listener
+            log.exception("reload on a config notice failed; the poll retries")
+
+    async def _poll_forever(self) -> None:
+        interval = settings.OCX_CONFIG_POLL_MS / 1000
+        failing = False
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                # Bounded: a stuck database call must not freeze the worker's view for good.
+                async with asyncio.timeout(max(5.0, 10 * interval)):
+                    await self.refresh()
+            except (DbOperationalError, DbInterfaceError) as exc:
+                # The database is down or restarting: said once, not every poll interval.
+                if not failing:
+                    log.warning(
+                        "database unreachable (%s): serving config version %s until it is back",
+                        type(exc).__name__,
+                        self.snapshot and self.snapshot.version,
+                    )
+                failing = True
+            except Exception:  # noqa: BLE001 - a failed poll keeps the last good snapshot
+                log.exception(
+                    "config poll failed; keeping version %s",
+                    self.snapshot and self.snapshot.version,
+                )
+            else:
+                if failing:
+                    log.warning("database reachable again: config polling resumed")
+                failing = False
+
+    def client(self, provider: ProviderSpec) -> ProviderClient:
+        client = self.clients.get(provider.name)
+        if client is None:
+            client = self.clients[provider.name] = ProviderClient(provider)
+        return client
+
+    def _on_windows(self, pair: tuple[str, str], windows: list[Window]) -> None:
+        self.snapshots.submit((pair[0], pair[1], windows))
+
+    async def _on_transition(self, provider: str, credential: str, transition: Transition) -> None:
+        message = transition_text(self.snapshot, provider, transition)
+        # Provider ids and reasons only: the credential is a fingerprint, never the secret.
+        log.info(
+            "quota transition provider=%s credential=%s %s->%s reason=%s: %s",
+            provider,
+            credential,
+            transition.from_status,
+            transition.to_status,
+            transition.reason,
+            message,
+        )
+        metrics.QUOTA_STATE.labels(provider, credential).set(
+            1 if transition.to_status == "limited" else 0
+        )
+        self.transitions.submit(
+            quota_services.TransitionEvent(provider, credential, transition, message)
+        )
+        self.emit(
+            {
+                "kind": "quota",
+                "provider": provider,
+                "credential": credential,
+                "from": transition.from_status,
+                "to": transition.to_status,
+                "reason": transition.reason,
+                "at": transition.at_ms,
+                "message": message,
+            }
+        )
+
+    def _on_redis(self, degraded: bool, detail: dict[str, object]) -> None:
+        metrics.REDIS_DEGRADED.set(1 if degraded else 0)
+        if degraded:
+            metrics.REDIS_OUTAGES.inc()
+        # Delivered only where the channel layer still works (it lives in Redis too): the
+        # "back" event always is, and carries the outage's length.
+        # `message`: what the admin's live events list shows.
+        message = (
+            f"Redis unreachable ({detail.get('reason')}): a worker routes on its own copy of "
+            "the routing state"
+            if degraded
+            else f"Redis available again after {detail.get('outageS')} s: "
+            f"{detail.get('mergedStates')} state(s) merged back, shared routing resumed"
+        )
+        self.emit(
+            {
+                "kind": "dependency",
+                "dependency": "redis",
+                "status": "degraded" if degraded else "ok",
+                "at": int(time.time() * 1000),
+                "message": message,
+                **detail,
+            },
+            force=True,
+        )
+
+    async def flush(self) -> None:
+        """Write everything the background writers hold (graceful shutdown)."""
+        for writer in (
+            self.requestlog,
+            self.snapshots,
+            self.transitions,
+            self.routing_events,
+            self.budget_events,
+        ):
+            await writer.drain()
+
+    def emit(self, event: dict[str, object], *, force: bool = False) -> None:
+        """Push a routing event to `/ws/events` subscribers (fire and forget); cooldowns and
+        hops are also stored, off the hot path. `at`: when it happened (epoch ms)."""
+        if "at" not in event:
+            event = {**event, "at": int(time.time() * 1000)}
+        if event.get("kind") in STORED_KINDS:
+            self.routing_events.submit(event)
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        if self.redis is not None and self.redis.open and not force:
+            return  # the Redis channel layer is unreachable: do not pile up failing sends
+        task = asyncio.get_running_loop().create_task(
+            layer.group_send(EVENTS_GROUP, {"type": "ocx.event", "event": event})
+        )
+        task.add_done_callback(_log_failure)
+
+
+async def _close_later(client: ProviderClient, delay_s: float) -> None:
+    await asyncio.sleep(delay_s)
+    await client.aclose()
+
+
+def _write_routing_events(events: list[dict[str, object]]) -> None:
+    dashboard_services.routing_events_write(events=events)
+
+
+def _log_failure(task: asyncio.Task[object]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("could not publish a routing event: %s", task.exception())
+
+
+def transition_text(snapshot: ConfigSnapshot | None, provider: str, transition: Transition) -> str:
+    """PRODUCT §8.6 wording, naming the fallback a combo led by `provider` switches to."""
+    fallback = None
+    if snapshot is not None:
+        for combo in snapshot.combos.values():
+            if combo.targets and combo.targets[0].provider == provider:
+                others = [t.provider for t in combo.targets if t.provider != provider]
+                if others:
+                    fallback = others[0]
+                    break
+    return transition_message(transition, primary=provider, fallback=fallback or "the next target")
+
+
+def _guarded_state(store: StateStore) -> GuardedStateStore | None:
+    """The store as the Redis guard's, when it is one (the guard loads only with Redis)."""
+    guard = sys.modules.get("state.redis_guard")
+    if guard is not None and isinstance(store, guard.GuardedStateStore):
+        return cast("GuardedStateStore", store)
+    return None
+
+
+def _local_state_stores() -> tuple[type[MemoryStateStore | GuardedStateStore], ...]:
+    """The stores that keep this worker's own copy of the combo states (`apply` resets it):
+    in memory, and the Redis guard's copy when the guard is loaded at all."""
+    guard = sys.modules.get("state.redis_guard")
+    return (MemoryStateStore,) if guard is None else (MemoryStateStore, guard.GuardedStateStore)
+
+
+def _quota_store(breaker: RedisBreaker | None) -> JsonStore:
+    if settings.OCX_REDIS_URL and breaker is not None:
+        from state.redis_guard import GuardedJsonStore
+        from state.redis_store import RedisJsonStore
+
+        shared = RedisJsonStore(settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX)
+        return GuardedJsonStore(shared, breaker)
+    return MemoryJsonStore()
+
+
+def _default_store(breaker: RedisBreaker | None) -> StateStore:
+    if settings.OCX_REDIS_URL and breaker is not None:
+        from state.redis_guard import GuardedStateStore
+        from state.redis_state import RedisStateStore
+
+        shared = RedisStateStore(settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX)
+        return GuardedStateStore(shared, breaker)
+    return MemoryStateStore()
+
+
+_runtime: Runtime | None = None
+
+
+def reload_from_thread(timeout: float) -> bool:
+    """Make this process's runtime serve the committed config and key table before returning
+    (called by the thread that committed a write). The ORM reads run here, in the calling
+    thread; the event loop only swaps the result in. False when there is nothing to reload
+    (no runtime serving in this process, e.g. the CLI) or the loop did not answer in time."""
+    rt = _runtime
+    loop = rt.loop if rt is not None else None
+    if rt is None or loop is None or loop.is_closed():
+        return False
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        return False  # a thread running a loop must not block: the notice or poll catches up
+    if rt.snapshot is None:
+        # The first load is running and may have read the config before this write.
+        return _wait(asyncio.run_coroutine_threadsafe(_settle(rt), loop), timeout)
+    version, keys_version, keys = _poll(rt.keys_version)
+    snap: ConfigSnapshot | None = None
+    if version != rt.snapshot.version:
+        keys_version, snap, keys = _load()
+    if snap is None and keys is None:
+        return True
+
+    async def swap() -> None:
+        rt.offer(snap, keys, keys_version)
+
+    return _wait(asyncio.run_coroutine_threadsafe(swap(), loop), timeout)
+
+
+async def _settle(rt: Runtime) -> None:
+    await rt.ready()
+    await rt.refresh()
+
+
+def _wait(future: concurrent.futures.Future[None], timeout: float) -> bool:
+    try:
+        future.result(timeout)
+    except TimeoutError:
+        future.cancel()
+        log.warning("this worker's config reload after a write took over %.1fs", timeout)
+        return False
+    return True
+
+
+def on_versions_committed(sender: object, **kwargs: object) -> None:
+    """Receiver of `providers.services.versions_committed` (connected in `ocxsite/apps.py`; it
+    lives here, not in `confignotify`, which the runtime imports). A transaction that bumped
+    twice announces twice; the second costs one version read here and one on each worker, which
+    find nothing new."""
+    versions = selectors.config_versions()
+    reload_from_thread(timeout=confignotify.LOCAL_WAIT_S)
+    if settings.OCX_REDIS_URL:
+        confignotify.publish(*versions)
+
+
+async def _flush_runtime() -> None:
+    if _runtime is not None:  # only if this worker ever served
+        await _runtime.flush()
+
+
+lifecycle.on_flush(_flush_runtime)
+
+
+def get_runtime() -> Runtime:
+    global _runtime
+    if _runtime is None:
+        _runtime = Runtime()
+    return _runtime

@@ -1,0 +1,1 @@
+"""Running `ocx serve`: workers, supervisor, drain, background writers, metrics, logs, errors."""

@@ -1,0 +1,281 @@
+"""Run Daphne for ocx (`ocx serve` starts its workers with `python -m server.daphne_main`).
+
+Daphne drops every request header whose name contains "_" (a guard against CVE-2015-0219,
+where `X_Forwarded_For` would pass for `X-Forwarded-For` in a WSGI environ). Codex sends its
+session as `session_id`, which compaction recall and the `chatgpt` forward need, so exactly
+these names are renamed to their dashed form first; every other underscore header is still
+dropped by Daphne.
+
+Twisted also parses the Content-Type of every POST with the `email` package, to decode form
+submissions into `request.args`; Daphne hands the raw body to the ASGI app and never reads
+`args`, so that parsing (a few per cent of a request's CPU) is switched off, and so is the
+access-log line Twisted formats for a log Daphne discards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import signal
+import sys
+import types
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+from server import lifecycle
+
+
+class _WampSession:
+    """Stands in for Autobahn's WAMP `ApplicationSession`, which an ocx worker never runs."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise RuntimeError("Autobahn's WAMP is not loaded in an ocx Daphne worker")
+
+
+def _wamp_stand_in() -> types.ModuleType:
+    module = types.ModuleType("autobahn.twisted.wamp", _WampSession.__doc__)
+    module.ApplicationSession = _WampSession  # type: ignore[attr-defined]
+    return module
+
+
+@contextlib.contextmanager
+def _lean_imports() -> Iterator[None]:
+    """Import Daphne's stack without two things a worker behind a proxy never uses:
+
+    * pyOpenSSL (about 6 MB). `ocx serve` runs Daphne on plain TCP (TLS ends at the reverse
+      proxy), yet Twisted's reactor, TCP and endpoint modules and Autobahn's helpers each try
+      to import the TLS layer, and with it pyOpenSSL and cryptography's x509; without
+      `OpenSSL` each falls back to plain TCP.
+    * Autobahn's WAMP session (8-9 MB). `autobahn.twisted` imports `ApplicationSession` from
+      `autobahn.twisted.wamp`, whose authenticators load `cryptography`'s Rust bindings and
+      the OpenSSL they carry (7 MB of it). Daphne uses only Autobahn's WebSocket protocol.
+
+    The block lasts only for these imports: anything later that imports `OpenSSL` or
+    `autobahn.twisted.wamp` gets the real module. Only the name `autobahn.twisted.
+    ApplicationSession`, bound during the block, stays the stand-in, which refuses to run."""
+    stand_ins: dict[str, types.ModuleType | None] = {
+        "OpenSSL": None,
+        "autobahn.twisted.wamp": _wamp_stand_in(),
+    }
+    placed = {name: module for name, module in stand_ins.items() if name not in sys.modules}
+    sys.modules.update(placed)  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        for name, module in placed.items():
+            if name in sys.modules and sys.modules[name] is module:
+                del sys.modules[name]
+
+
+# Autobahn's native UTF-8 validator (for the frames clients send on /ws/events, a few a minute)
+# compiles its C declarations with pycparser at import; the pure-Python one checks the same.
+os.environ.setdefault("AUTOBAHN_USE_NVX", "0")
+with _lean_imports():
+    from daphne import http_protocol
+    from daphne.cli import CommandLineInterface
+    from daphne.server import Server
+    from twisted.web import http
+
+RENAMED = {b"session_id": b"session-id", b"conversation_id": b"conversation-id"}
+
+_process = http_protocol.WebRequest.process
+_init = http_protocol.WebRequest.__init__
+
+
+def _process_with_codex_headers(self: Any) -> Any:
+    headers = self.requestHeaders
+    for name, alias in RENAMED.items():
+        values = headers.getRawHeaders(name)
+        if values is not None and not headers.hasHeader(alias):
+            headers.setRawHeaders(alias, values)
+    return _process(self)
+
+
+def _init_without_form_parsing(self: Any, *args: Any, **kwargs: Any) -> None:
+    _init(self, *args, **kwargs)
+    self._parsePOSTFormSubmission = False
+
+
+def _no_twisted_access_log(self: Any, request: Any) -> None:
+    """Twisted formats a Common Log Format line for every request and hands it to its own log,
+    which Daphne discards (2 % of a worker's CPU at c=16). Daphne's access log (`-v 1`,
+    `--access-log`) is written by Daphne itself and stays."""
+
+
+_create_application = Server.create_application
+
+
+def _create_application_reaped(self: Any, protocol: Any, scope: Any) -> Any:
+    queue = _create_application(self, protocol, scope)
+    details = self.connections.get(protocol)
+    instance = details.get("application_instance") if details is not None else None
+    if instance is not None:
+        instance.add_done_callback(functools.partial(_reap, self, protocol))
+    return queue
+
+
+def _reap(server: Any, protocol: Any, instance: asyncio.Future[Any]) -> None:
+    """Forget a served request as soon as both its response and its application are done.
+
+    Daphne keeps every request (its WebRequest, headers, task, queue, timers) in
+    `Server.connections` until `application_checker` sweeps them, once a second: at 2,000
+    requests a second that is thousands of finished requests held at once, and the heap
+    grew by 20-30 MB under load to hold them (bench/README.md, seventh run). A request whose
+    application failed or was cancelled, or whose connection is still open, is left to that
+    sweep, which logs and handles it as before (ocx's applications answer their own errors,
+    so none reaches it in practice)."""
+    details = server.connections.get(protocol)
+    if details is None or "disconnected" not in details:
+        return
+    if details.get("application_instance") is not instance:
+        return
+    if instance.cancelled() or instance.exception() is not None:
+        return
+    del server.connections[protocol]
+
+
+def install() -> None:
+    http_protocol.WebRequest.process = _process_with_codex_headers  # type: ignore[method-assign]
+    http_protocol.WebRequest.__init__ = _init_without_form_parsing  # type: ignore[method-assign]
+    http_protocol.HTTPFactory.log = _no_twisted_access_log  # type: ignore[method-assign]
+    Server.create_application = _create_application_reaped  # type: ignore[method-assign]
+
+
+_ports: list[Any] = []
+_listen_success = Server.listen_success
+
+
+def _remember_port(self: Any, port: Any) -> Any:
+    _ports.append(port)
+    return _listen_success(self, port)
+
+
+def _stop_listening() -> None:
+    for port in _ports:
+        port.stopListening()
+
+
+_connection_made = http.HTTPChannel.connectionMade
+
+
+def _connection_made_nodelay(self: Any) -> None:
+    # Twisted leaves Nagle on for accepted connections: a stream's small SSE writes then wait
+    # for the client's ACK of the previous one. Measured at c=1: time to first token 1.84-2.03
+    # -> 1.58-1.72 ms, CPU per stream 1.45-1.69 -> 1.24-1.37 ms (bench/README.md).
+    set_nodelay = getattr(self.transport, "setTcpNoDelay", None)  # a UNIX socket has none
+    if set_nodelay is not None:
+        with contextlib.suppress(OSError):
+            set_nodelay(True)
+    _connection_made(self)
+
+
+_channels: weakref.WeakSet[Any] = weakref.WeakSet()
+_build_protocol = http_protocol.HTTPFactory.buildProtocol
+_check_persistence = http.HTTPChannel.checkPersistence
+
+
+def _build_and_remember(self: Any, addr: Any) -> Any:
+    channel = _build_protocol(self, addr)
+    _channels.add(channel)
+    return channel
+
+
+def _persistence_unless_stopping(self: Any, request: Any, version: bytes) -> bool:
+    if lifecycle.stopping():
+        # Served, then closed: the client reconnects to a worker that is not stopping.
+        request.responseHeaders.setRawHeaders(b"Connection", [b"close"])
+        return False
+    return bool(_check_persistence(self, request, version))
+
+
+_idle_since: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+
+def _connections(now: float) -> int:
+    """The HTTP connections still open (`lifecycle.drain`, `now` its clock). A request whose
+    response has not started is answered with `Connection: close`; a connection is closed once
+    it has been idle for `IDLE_LINGER_S` (from when it went idle, not from the drain's start:
+    a stream that began before the drain ends on a keep-alive connection, and its client may
+    send again at once). WebSockets (the admin's live page) are not waited for: they
+    reconnect by themselves. Plain HTTP/1.1 over TCP, as `ocx serve` runs Daphne (no TLS or
+    HTTP/2 in the worker)."""
+    still_open = 0
+    for generic in list(_channels):
+        # Twisted's factory hands out a wrapper (`_GenericHTTPChannelProtocol`) around the
+        # HTTPChannel; a WebSocket upgrade replaces it as the transport's protocol.
+        channel = generic._channel  # noqa: SLF001
+        transport = channel.transport
+        if transport is None or transport.disconnected or transport.protocol is not generic:
+            continue
+        still_open += 1
+        # Busy: a request parsed, or the bytes of the next one still arriving.
+        if channel.requests or channel._buffer or channel._dataBuffer:  # noqa: SLF001
+            _idle_since.pop(channel, None)
+            request = channel.requests[-1] if channel.requests else None
+            if request is not None and channel.persistent and not request.startedWriting:
+                request.responseHeaders.setRawHeaders(b"Connection", [b"close"])
+                channel.persistent = False
+            continue
+        since = _idle_since.setdefault(channel, now)
+        if now - since >= lifecycle.IDLE_LINGER_S and not transport.disconnecting:
+            channel.loseConnection()
+    return still_open
+
+
+async def _flush() -> None:
+    # The runtime registered its writers' flush (`gateway.runtime`; `server` sits below it).
+    await lifecycle.flush_all()
+
+
+def _stop_reactor() -> None:
+    from twisted.internet import reactor
+
+    reactor.stop()  # type: ignore[attr-defined,misc]
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    from twisted.internet import reactor
+
+    if lifecycle.stopping():
+        return
+    lifecycle.mark_stopping()
+    loop: asyncio.AbstractEventLoop = reactor._asyncioEventloop  # type: ignore[attr-defined]
+    loop.call_soon_threadsafe(
+        lambda: loop.create_task(
+            lifecycle.drain(_stop_listening, _stop_reactor, _flush, _connections)
+        )
+    )
+
+
+def _when_running() -> None:
+    # Replaces Twisted's own handling (stop at once, cancelling every request); SIGINT too, as
+    # Ctrl-C in a terminal reaches the workers as well as `ocx serve`.
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGINT, _on_sigterm)
+    lifecycle.freeze_heap()
+    ready_fd = os.environ.pop("OCX_READY_FD", None)
+    if ready_fd:
+        # Tells `ocx serve` this worker accepts connections (a SIGHUP reload waits for it).
+        with contextlib.suppress(OSError):
+            os.write(int(ready_fd), b"1")
+            os.close(int(ready_fd))
+
+
+def install_lifecycle() -> None:
+    """Graceful SIGTERM (`server.lifecycle`) and the readiness signal for `ocx serve`."""
+    from twisted.internet import reactor
+
+    Server.listen_success = _remember_port  # type: ignore[method-assign]
+    http_protocol.HTTPFactory.buildProtocol = _build_and_remember  # type: ignore[method-assign]
+    http.HTTPChannel.checkPersistence = _persistence_unless_stopping  # type: ignore[method-assign]
+    http.HTTPChannel.connectionMade = _connection_made_nodelay  # type: ignore[method-assign]
+    reactor.callWhenRunning(_when_running)  # type: ignore[attr-defined]
+
+
+if __name__ == "__main__":
+    install()
+    install_lifecycle()
+    CommandLineInterface.entrypoint()

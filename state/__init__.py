@@ -1,0 +1,1 @@
+"""Shared state on Redis: the RESP client, the breaker, routing, quota, recall, counter stores."""

@@ -1,0 +1,200 @@
+"""The worker's key map follows the key table, including writes that race a reload.
+
+The runtime polls `ConfigState.keys_version`, a counter every key or user write bumps. A
+signature derived from the key rows could return to an earlier value (create a key while the
+map loads, then revoke it: count, last id and last change are back where they were) and leave a
+revoked key accepted until the next unrelated key change — seen once in CI as a revocation
+that did not reach the worker within 3 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.signals import user_logged_in
+from django.db import Error as DbError
+from django.db import connection
+
+from accounts import access
+from accounts.access import digest
+from accounts.models import ClientKey
+from combos import selectors
+from gateway.runtime import Runtime
+from server.background import in_thread
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def refresh(rt: Runtime) -> None:
+    async def once() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(1))
+        await rt.refresh()
+        # The poll's thread keeps its own connection; close it so the test database can go.
+        await loop.run_in_executor(None, lambda: connection.close())
+
+    asyncio.run(once())
+
+
+def known(rt: Runtime, secret: str) -> bool:
+    return digest(secret) in rt.keys
+
+
+def keys_version() -> int:
+    return selectors.config_versions()[1]
+
+
+def test_a_key_written_during_a_reload_and_then_revoked_is_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, first = access.client_key_create(username="ann")
+    rt = Runtime()
+    refresh(rt)
+    assert known(rt, first)
+
+    # The next reload sees a key that another request creates between the version read and
+    # the key load.
+    raced: list[str] = []
+    real: Callable[[], dict[str, Any]] = access.client_keys_active
+
+    def racing_load() -> dict[str, Any]:
+        if not raced:
+            raced.append(access.client_key_create(username="bob")[1])
+        return real()
+
+    monkeypatch.setattr(access, "client_keys_active", racing_load)
+    _, second = access.client_key_create(username="cid")
+    refresh(rt)
+    assert known(rt, second) and known(rt, raced[0])
+    monkeypatch.setattr(access, "client_keys_active", real)
+
+    bob_key = ClientKey.objects.get(user__username="bob")
+    assert access.client_key_revoke(key_id=bob_key.pk) is True
+    refresh(rt)
+    assert not known(rt, raced[0])
+    assert known(rt, first) and known(rt, second)
+
+
+def test_every_key_write_moves_the_version_and_reaches_the_map() -> None:
+    key, secret = access.client_key_create(username="dee")
+    rt = Runtime()
+    refresh(rt)
+    assert rt.keys[digest(secret)].rpm_limit is None
+
+    before = keys_version()
+    key.rpm_limit = 7
+    key.save()
+    assert keys_version() == before + 1
+    refresh(rt)
+    assert rt.keys[digest(secret)].rpm_limit == 7
+
+    user = get_user_model().objects.get(username="dee")
+    user.is_active = False
+    user.save()
+    refresh(rt)
+    assert not known(rt, secret)
+
+    user.is_active = True
+    user.save()
+    refresh(rt)
+    assert known(rt, secret)
+
+    before = keys_version()
+    key.delete()
+    assert keys_version() == before + 1
+    refresh(rt)
+    assert not known(rt, secret)
+
+
+def test_revoking_nothing_and_logging_in_leave_the_version_alone() -> None:
+    key, _ = access.client_key_create(username="eve")
+    access.client_key_revoke(key_id=key.pk)
+    before = keys_version()
+    assert access.client_key_revoke(key_id=key.pk) is False
+    assert access.client_keys_revoke(keys=ClientKey.objects.filter(pk=key.pk)) == 0
+    user = get_user_model().objects.get(username="eve")
+    user_logged_in.send(sender=type(user), request=None, user=user)
+    assert keys_version() == before
+
+
+def test_a_poll_without_changes_loads_no_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    access.client_key_create(username="fay")
+    rt = Runtime()
+    refresh(rt)
+    loads: list[int] = []
+    real = access.client_keys_active
+
+    def counted() -> dict[str, Any]:
+        loads.append(1)
+        return real()
+
+    monkeypatch.setattr(access, "client_keys_active", counted)
+    refresh(rt)
+    refresh(rt)
+    assert loads == []
+    access.client_key_create(username="gus")
+    refresh(rt)
+    assert loads == [1]
+
+
+def test_a_background_thread_whose_connection_broke_reconnects_on_the_next_call() -> None:
+    if connection.vendor == "sqlite" and connection.is_in_memory_db():
+        pytest.skip("Django never closes an in-memory SQLite database (the test database)")
+
+    # One thread, so every call below shares its connection, as a long-lived poll thread does.
+    async def scenario() -> list[str]:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(1))
+        seen = [str(await in_thread(keys_version))]
+
+        def break_socket() -> None:
+            connection.ensure_connection()
+            assert connection.connection is not None
+            connection.connection.close()  # as when the database server restarts
+
+        await in_thread(break_socket)
+        try:
+            await in_thread(keys_version)
+            seen.append("no error")
+        except DbError:
+            seen.append("error")
+        seen.append(str(await in_thread(keys_version)))
+        await loop.run_in_executor(None, lambda: connection.close())
+        return seen
+
+    access.client_key_create(username="hal")
+    version = keys_version()
+    assert asyncio.run(scenario()) == [str(version), "error", str(version)]
+
+
+@pytest.mark.django_db(transaction=False)
+@pytest.mark.parametrize("redis_url", ["", "redis://127.0.0.1:1/0"])
+def test_redis_py_loads_only_in_a_worker_that_uses_redis(redis_url: str) -> None:
+    # Without REDIS_URL the guard, the Redis client and redis-py (4-5 MB) stay unloaded.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys, django; django.setup(); "
+        "import ocxsite.asgi, ocxsite.urls, ocxsite.views, gateway.live; "
+        "from gateway.runtime import Runtime; r = Runtime(); "
+        "print(json.dumps([bool(r.redis), sorted(m for m in "
+        "('redis', 'state.resp', 'state.redis_guard') if m in sys.modules)]))"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "ocxsite.settings", "REDIS_URL": redis_url}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    shared, loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    if redis_url:
+        assert shared and loaded == ["redis", "state.redis_guard", "state.resp"]
+    else:
+        assert not shared and loaded == []

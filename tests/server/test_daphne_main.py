@@ -1,0 +1,158 @@
+"""`server.daphne_main`: what a Daphne worker loads and how it sets up its connections."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from twisted.internet.testing import StringTransport
+from twisted.web import http
+
+
+class NoDelayTransport(StringTransport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodelay: list[bool] = []
+
+    def setTcpNoDelay(self, enabled: bool) -> None:  # noqa: N802 - Twisted's name
+        self.nodelay.append(enabled)
+
+
+def test_accepted_connections_turn_nagle_off() -> None:
+    from server import daphne_main
+
+    channel = http.HTTPChannel()
+    channel.timeOut = None  # no idle timer (it would need a running reactor)
+    transport = NoDelayTransport()
+    channel.transport = transport
+    daphne_main._connection_made_nodelay(channel)
+    assert transport.nodelay == [True]
+    assert transport.producer is channel  # Twisted's own connectionMade ran too
+    # A transport without the option (a UNIX socket) is served all the same.
+    bare = http.HTTPChannel()
+    bare.timeOut = None
+    bare.transport = plain = StringTransport()
+    daphne_main._connection_made_nodelay(bare)
+    assert plain.producer is bare
+
+
+def _modules_after(code: str) -> dict[str, object]:
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "ocxsite.settings"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_a_daphne_worker_loads_neither_pyopenssl_nor_wamp_and_others_still_can() -> None:
+    got = _modules_after(
+        "import json, sys, django; import server.daphne_main; django.setup(); "
+        "import ocxsite.asgi, ocxsite.urls; from twisted.internet import reactor; "
+        "from providers.sealing import seal, unseal; assert unseal(seal('sk-x')) == 'sk-x'; "
+        "lean = ('OpenSSL', 'cryptography.hazmat.bindings._rust', 'autobahn.twisted.wamp'); "
+        "before = sorted(m for m in lean if m in sys.modules); "
+        "import OpenSSL.SSL; from autobahn.twisted.wamp import ApplicationSession; "
+        "print(json.dumps({'before': before, 'reactor': type(reactor).__name__, "
+        "'wamp': hasattr(ApplicationSession, 'onJoin'), "
+        "'nvx': __import__('autobahn.websocket').websocket.USES_NVX}))"
+    )
+    assert got == {"before": [], "reactor": "AsyncioSelectorReactor", "wamp": True, "nvx": False}
+
+
+def test_a_uvicorn_worker_does_not_load_twisted() -> None:
+    got = _modules_after(
+        "import json, sys, django; django.setup(); import ocxsite.asgi, ocxsite.urls; "
+        "from ocxsite.management.commands import serve; "
+        "print(json.dumps({m: m in sys.modules for m in ('twisted', 'daphne', 'OpenSSL')}))"
+    )
+    assert got == {"twisted": False, "daphne": False, "OpenSSL": False}
+
+
+def test_twisted_formats_no_access_log_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from daphne import http_protocol
+    from daphne.server import Server
+
+    from server import daphne_main
+
+    # install() patches Daphne's classes for the worker; undo it for the rest of this process.
+    for cls, name in (
+        (http_protocol.WebRequest, "process"),
+        (http_protocol.WebRequest, "__init__"),
+        (http_protocol.HTTPFactory, "log"),
+        (Server, "create_application"),
+    ):
+        monkeypatch.setattr(cls, name, getattr(cls, name))
+    daphne_main.install()
+    assert Server.create_application is daphne_main._create_application_reaped
+    factory = http_protocol.HTTPFactory(server=None)
+    factory._logFile = written = io.StringIO()  # where Twisted would write the line
+    channel = http.HTTPChannel()
+    channel.transport = StringTransport()
+    request = http.Request(channel)
+    request.method, request.uri, request.clientproto = b"POST", b"/v1/responses", b"HTTP/1.1"
+    factory.log(request)
+    assert written.getvalue() == ""
+    # Without the change Twisted writes one Common Log Format line per request.
+    http.HTTPFactory.log(factory, request)
+    assert written.getvalue().count("\n") == 1
+
+
+async def _one_request(
+    app: Any, *, disconnect_first: bool = True, disconnect: bool = True
+) -> tuple[Any, object]:
+    """One application instance as Daphne's server makes it for a request, through ocx's
+    `create_application`; `disconnect` is Daphne marking the request finished."""
+    from daphne.server import Server
+
+    from server import daphne_main
+
+    server = Server(application=app, endpoints=["tcp:port=0:interface=127.0.0.1"])
+    protocol = object()
+    server.connections = {protocol: {}}  # as `Server.run` starts it (not run here)
+    daphne_main._create_application_reaped(server, protocol, {"type": "http"})
+    instance = server.connections[protocol]["application_instance"]
+    if disconnect and disconnect_first:
+        server.protocol_disconnected(protocol)
+    with contextlib.suppress(RuntimeError):
+        await instance
+    await asyncio.sleep(0)  # the done callbacks run
+    if disconnect and not disconnect_first:
+        server.protocol_disconnected(protocol)
+    return server, protocol
+
+
+async def test_a_served_request_is_forgotten_when_its_application_ends() -> None:
+    # Daphne held every finished request until its once-a-second sweep: thousands at once
+    # under load, 20-30 MB of a worker's heap.
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await asyncio.sleep(0)
+
+    server, protocol = await _one_request(app)
+    assert protocol not in server.connections
+
+
+async def test_a_failed_or_unfinished_request_is_left_to_daphnes_sweep() -> None:
+    async def failing(scope: Any, receive: Any, send: Any) -> None:
+        raise RuntimeError("boom")
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        return None
+
+    # The sweep logs the exception (and answers 500 if the response had not started).
+    server, protocol = await _one_request(failing)
+    assert server.connections[protocol]["application_instance"].done()
+    # The application returned but the response is not finished (no disconnect yet).
+    server, protocol = await _one_request(app, disconnect=False)
+    assert "application_instance" in server.connections[protocol]
+    # Finished after the application ended: the sweep removes it.
+    server, protocol = await _one_request(app, disconnect_first=False)
+    assert "disconnected" in server.connections[protocol]

@@ -1,0 +1,66 @@
+"""The runtime's budget gate and what happens to its 80 % / 100 % events: a log line, a push
+to `/ws/events`, and a `BudgetEvent` row (written in batches off the hot path, shown in the
+admin)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+
+from server.background import BatchWriter
+from state.budget_store import MemoryBudgetStore, RedisBudgetStore
+from usage.budget_gate import BudgetGate
+
+log = logging.getLogger("ocx.budget")
+
+
+def write_events(events: list[dict[str, Any]]) -> None:
+    from usage.models import BudgetEvent
+
+    BudgetEvent.objects.bulk_create(
+        BudgetEvent(
+            at=dt.datetime.fromtimestamp(e["at"] / 1000, tz=dt.UTC),
+            owner=e["owner"][:200],
+            scope=e["scope"],
+            percent=e["percent"],
+            budget=e["budget"],
+            window=e["window"] or "",
+            used=e["used"],
+            limit=e["limit"],
+            resets_at=dt.datetime.fromtimestamp(e["resetsAt"] / 1000, tz=dt.UTC),
+            message=e["message"],
+        )
+        for e in events
+    )
+
+
+def new_writer() -> BatchWriter[dict[str, Any]]:
+    """The `BudgetEvent` writer (the runtime keeps it, to drain it at shutdown)."""
+    return BatchWriter("budget events", write_events, maxsize=1000)
+
+
+def new_gate(
+    emit: Callable[[dict[str, object]], None],
+    now_ms: Callable[[], int],
+    writer: BatchWriter[dict[str, Any]] | None = None,
+) -> BudgetGate:
+    """A gate on Redis when `REDIS_URL` is set (exact across workers), else per process."""
+    if writer is None:
+        writer = new_writer()
+
+    def on_event(event: dict[str, object]) -> None:
+        event["at"] = now_ms()
+        log.warning("budget %s%%: %s", event["percent"], event["message"])
+        emit(event)
+        writer.submit(event)
+
+    store = (
+        RedisBudgetStore(settings.OCX_REDIS_URL) if settings.OCX_REDIS_URL else MemoryBudgetStore()
+    )
+    return BudgetGate(
+        store, prefix=settings.OCX_STATE_KEY_PREFIX, tz=settings.OCX_TIME_ZONE, on_event=on_event
+    )
