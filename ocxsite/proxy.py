@@ -20,12 +20,14 @@ from django.conf import settings
 
 from combos.engine.attempts import Outcome, RouteResult, route
 from combos.engine.catalog import models_list
-from combos.engine.classify import Failure, classify, redact
+from combos.engine.classify import Failure, classifier_code, classify, redact
 from combos.engine.eligibility import (
     RESOLVED,
     Access,
     Quota,
+    callers_credential_refused,
     credential_problem,
+    forwards_caller_credential,
     target_state,
 )
 from combos.engine.recall import lane_of, snapshot_liveness
@@ -50,6 +52,7 @@ from ocxsite.budget_gate import Refusal
 from ocxsite.http_errors import HOST_NOT_ALLOWED, HostGate
 from ocxsite.requestlog import RequestEntry, new_request_id
 from ocxsite.runtime import Runtime, get_runtime
+from providers.masking import Masker, bearer_value
 from providers.upstream import Caller, attempt
 from providers.wire.commit import terminal_error_frame, truncation_failure
 from quota.tracker import Gate
@@ -461,7 +464,12 @@ class ProxyApp:
                 ENCRYPTED_TASK_CODE,
                 ENCRYPTED_TASK_MESSAGE,
             )
-        caller = Caller(headers=_caller_headers(headers), request_id=exchange.request_id)
+        forwarded = _caller_headers(headers)
+        caller = Caller(
+            headers=forwarded,
+            request_id=exchange.request_id,
+            masker=Masker(functools.partial(_known_secrets, snapshot, forwarded)),
+        )
         pairs = {t.key: _credential_pair(snapshot, t, caller) for t in combo.targets}
         # With Redis the combo's routing state comes in the quota read's round trip (a pick
         # decided on it that writes nothing, a healthy one, needs no check of its own), and so
@@ -498,8 +506,14 @@ class ProxyApp:
         def access(target: TargetSpec) -> Access:
             return _access(snapshot, target, caller, gate, pairs.get(target.key))
 
+        # Set once a caller-forward upstream refused the caller's credential (issue #26).
+        refused: list[str] = []
+
         def predicate(target: TargetSpec) -> str | None:
             # Credential, quota and pin are the target's state (`access`); this is request-local.
+            if refused and forwards_caller_credential(snapshot.providers[target.provider]):
+                # The same refused token would go there too.
+                return "caller credential refused"
             return encrypted_only(target) if encrypted_only is not None else None
 
         async def dispatch(target: TargetSpec, _last: bool) -> Outcome:
@@ -537,6 +551,12 @@ class ProxyApp:
             finally:
                 elapsed = time.monotonic() - started
                 exchange.upstream_s += elapsed
+            if outcome.failure is not None and outcome.failure.message:
+                # Before it reaches the client, the request log or a log line (issue #26).
+                masked = caller.masker.text(outcome.failure.message)
+                outcome = dataclasses.replace(
+                    outcome, failure=dataclasses.replace(outcome.failure, message=masked)
+                )
             if outcome.committed:
                 exchange.upstream_done = True
                 metrics.UPSTREAM_LATENCY.labels(provider.name).observe(elapsed)
@@ -553,6 +573,16 @@ class ProxyApp:
                     # the target, so the quota state (per credential) handles it alone.
                     outcome = dataclasses.replace(outcome, cool=False)
             failure = outcome.failure
+            if (
+                failure is not None
+                and not outcome.committed
+                and forwards_caller_credential(provider)
+                and callers_credential_refused(failure.status, classifier_code(failure))
+            ):
+                # The caller's own token was refused: nothing shared is cooled or marked; the
+                # request may still hop to a target with a stored key.
+                refused.append(target.key)
+                outcome = dataclasses.replace(outcome, callers_own=True)
             if failure is not None and not outcome.committed:
                 flag = compat_hop(failure, child, protocol=inbound)
                 if flag is not None:
@@ -692,6 +722,13 @@ def _credential_pair(
     else:
         secret = credential_for(provider) or ""
     return (provider.name, fingerprint(secret)) if secret else None
+
+
+def _known_secrets(snapshot: ConfigSnapshot, forwarded: Mapping[str, str]) -> list[str | None]:
+    """Every credential value this request could meet: the config's keys, the caller's token."""
+    return [credential_for(p) for p in snapshot.providers.values()] + [
+        bearer_value(forwarded.get("authorization"))
+    ]
 
 
 @functools.lru_cache(maxsize=4096)

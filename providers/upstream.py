@@ -21,6 +21,7 @@ import httpx
 
 from combos.engine.attempts import Outcome
 from combos.engine.classify import FAILURE_BODY_LIMIT, Failure, failure_from_response, redact
+from providers.masking import NO_MASK, Masker
 from combos.engine.types import ProviderSpec, TargetSpec
 from providers.http1 import Http1Transport
 from providers.wire import chat
@@ -85,6 +86,8 @@ class Caller:
 
     headers: Mapping[str, str]
     request_id: str
+    # Masks the request's known credential values in upstream error frames (issue #26).
+    masker: Masker = NO_MASK
 
 
 class MissingCredential(Exception):
@@ -528,12 +531,27 @@ def _frames(events: tuple[SSEEvent, ...]) -> bytes:
     return b"".join(e.raw for e in events)
 
 
-def _last_frame(events: tuple[SSEEvent, ...]) -> bytes:
+def _is_error_frame(event: SSEEvent) -> bool:
+    # `"error"` unescaped is a JSON key or value (an error event); quoted text inside a delta
+    # is escaped (`\"error\"`), so normal content is never scanned.
+    return b'"error"' in event.raw
+
+
+def _masked(event: SSEEvent, out: bytes, masker: Masker) -> bytes:
+    """`out` (what `event` became for the client), credentials masked if it is an error."""
+    return masker.frame(out) if out and _is_error_frame(event) else out
+
+
+def _masked_frames(events: tuple[SSEEvent, ...], masker: Masker) -> bytes:
+    return b"".join(_masked(e, e.raw, masker) for e in events)
+
+
+def _last_frame(events: tuple[SSEEvent, ...], masker: Masker = NO_MASK) -> bytes:
     """A final frame the upstream did not terminate (`finish()`): forwarded with its blank line
     (a client drops an unterminated event at end of stream), unless its data is malformed."""
     if not events or _malformed_at(events) is not None:
         return b""
-    data = _frames(events)
+    data = _masked_frames(events, masker)
     if data.endswith((b"\n\n", b"\r\n\r\n", b"\r\r")):
         return data
     for ending in (b"\r\n", b"\n", b"\r"):
@@ -630,8 +648,8 @@ async def _stream(
 
     def translate(events: tuple[SSEEvent, ...]) -> bytes:
         if translator is None:
-            return _frames(_client_events(events, drop_usage))
-        return b"".join(translator.feed_event(e) for e in events)
+            return _masked_frames(_client_events(events, drop_usage), caller.masker)
+        return b"".join(_masked(e, translator.feed_event(e), caller.masker) for e in events)
 
     def cut_at(
         events: tuple[SSEEvent, ...], seen_bad: int
@@ -744,7 +762,7 @@ async def _stream(
             if not committed and not _commits(upstream, events):
                 return failed_before_commit(undeclared)
         tail = (
-            _last_frame(_client_events(events, drop_usage))
+            _last_frame(_client_events(events, drop_usage), caller.masker)
             if translator is None
             else translate(events)
         )

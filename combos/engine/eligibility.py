@@ -99,6 +99,18 @@ def _available(key: str, fresh: bool) -> TargetState:
     return TargetState(key, "available", None, detail="no quota data yet" if fresh else None)
 
 
+def forwards_caller_credential(provider: ProviderSpec) -> bool:
+    """True when `provider` authenticates with the caller's own credential (`chatgpt`), never a
+    stored one: a refusal of that credential is the caller's, not the target's (issue #26)."""
+    return provider.adapter == "chatgpt"
+
+
+def callers_credential_refused(status: int | None, code: str) -> bool:
+    """A caller-forward upstream refused the caller's credential: 401, 403 or `invalid_api_key`
+    (`code` is `classify.classifier_code` of the failure)."""
+    return status in (401, 403) or code == "invalid_api_key"
+
+
 def credential_problem(
     provider: ProviderSpec, secret: str | None, *, caller_token: bool
 ) -> str | None:
