@@ -21,9 +21,9 @@ import httpx
 
 from combos.engine.attempts import Outcome
 from combos.engine.classify import FAILURE_BODY_LIMIT, Failure, failure_from_response, redact
-from providers.masking import NO_MASK, Masker
 from combos.engine.types import ProviderSpec, TargetSpec
 from providers.http1 import Http1Transport
+from providers.masking import NO_MASK, Masker
 from providers.wire import chat
 from providers.wire.commit import (
     CommitScanner,
