@@ -77,6 +77,10 @@ _QUOTA: Mapping[str, Quota] = {
     "ineligible": "limited",
     "probe": "probe_due",
 }
+# Longer model names are refused (400): a name is a metric label, a log column, a Redis key.
+MAX_MODEL_NAME = 256
+# The metric label of every model a provider does not declare.
+OTHER_MODEL = "(other)"
 ENDPOINTS: Mapping[str, Literal["responses", "chat"]] = {
     "/v1/responses": "responses",
     "/v1/chat/completions": "chat",
@@ -132,6 +136,8 @@ class Exchange:
         # Budgets (PRODUCT §9.5): the admitted key, and the credential and headers of the
         # answer that was served (its quota windows count against window budgets).
         self.key: KeyInfo | None = None
+        # The `target` metric label when the request named an undeclared model (bounded labels).
+        self.target_label: str | None = None
         self.served_quota: tuple[tuple[str, str], Mapping[str, str]] | None = None
 
     def base_headers(self) -> list[tuple[bytes, bytes]]:
@@ -277,7 +283,8 @@ class ProxyApp:
         ):
             outcome = "failed_after_commit"
         entry.outcome = outcome
-        metrics.REQUESTS.labels(entry.combo, entry.target, str(entry.status)).inc()
+        target = exchange.target_label if entry.target else ""
+        metrics.REQUESTS.labels(entry.combo, target or entry.target, str(entry.status)).inc()
         metrics.PROXY_OVERHEAD.observe(max(0.0, elapsed - exchange.upstream_s))
         runtime = self.runtime
         if settings.OCX_REQUEST_LOG or settings.OCX_USAGE:
@@ -339,6 +346,13 @@ class ProxyApp:
                 "invalid_request_error",
                 "missing_model",
                 "model is required and must be a string",
+            )
+        if len(model) > MAX_MODEL_NAME:
+            raise HTTPFailure(
+                400,
+                "invalid_request_error",
+                "model_too_long",
+                f"model must be at most {MAX_MODEL_NAME} characters (got {len(model)})",
             )
         stream = request.get("stream", False)
         if not isinstance(stream, bool):
@@ -445,6 +459,9 @@ class ProxyApp:
             assert resolution.provider is not None and resolution.model is not None
             target = TargetSpec(resolution.provider, resolution.model)
             combo = ComboSpec(id="", targets=(target,))
+            if resolution.model not in snapshot.providers[resolution.provider].models:
+                # Any name goes upstream; metrics name only declared models (issue #26).
+                exchange.target_label = f"{resolution.provider}/{OTHER_MODEL}"
         elif resolution.kind == "combo":
             assert resolution.combo_id is not None
             combo = snapshot.combos[resolution.combo_id]
