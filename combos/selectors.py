@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from types import MappingProxyType
 
-from combos.engine import validate
+from combos.engine import envpolicy, validate
 from combos.engine.types import ComboSpec, ConfigSnapshot, ModelSpec, ProviderSpec, Timeouts
 from combos.models import Combo
 from providers import selectors as provider_selectors
@@ -134,8 +134,11 @@ def config_snapshot() -> ConfigSnapshot:
 
 
 def credential_for(provider: ProviderSpec) -> str | None:
-    """The provider's own credential, resolved at dispatch (env var first when named)."""
+    """The provider's own credential, resolved at dispatch (env var first when named). A
+    variable the policy refuses is never read (issue #26): the target has no credential."""
     if provider.api_key_env:
+        if envpolicy.refusal(provider.api_key_env) is not None:
+            return None
         return os.environ.get(provider.api_key_env) or None
     return provider.api_key
 

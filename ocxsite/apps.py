@@ -15,6 +15,7 @@ class OcxsiteConfig(AppConfig):
         from django.db.models.signals import post_delete, post_save
 
         from combos import live
+        from combos.engine import envpolicy
         from ocxsite import live as live_loader
         from ocxsite.access import keys_changed
         from ocxsite.confignotify import on_versions_committed
@@ -28,3 +29,6 @@ class OcxsiteConfig(AppConfig):
         versions_committed.connect(on_versions_committed, dispatch_uid="config-notify")
         # Status, badges and `ocx status` read the live state through the stores the server uses.
         live.register(live_loader.load)
+        envpolicy.configure(
+            envpolicy.EnvPolicy.of(settings.OCX_PROVIDER_ENV_DENY, settings.OCX_PROVIDER_ENV_ALLOW)
+        )

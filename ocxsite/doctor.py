@@ -170,6 +170,7 @@ def check_bind(host: str) -> Check:
 
 def _credential_state(spec: object) -> tuple[str, str]:
     """(verdict, detail) for one provider's own credential."""
+    from combos.engine import envpolicy
     from combos.engine.types import ProviderSpec
     from combos.selectors import credential_for
 
@@ -177,6 +178,10 @@ def _credential_state(spec: object) -> tuple[str, str]:
     if spec.adapter == "chatgpt":
         return OK, "caller-forward: each caller's own ChatGPT token"
     if spec.api_key_env:
+        refused = envpolicy.refusal(spec.api_key_env)
+        if refused is not None:
+            # Never read nor sent (combos.selectors.credential_for); fix the provider.
+            return FAIL, f"${spec.api_key_env} is refused and not used: {refused}"
         if os.environ.get(spec.api_key_env):
             return OK, f"${spec.api_key_env} is set"
         return FAIL, f"${spec.api_key_env} is not set in this environment"

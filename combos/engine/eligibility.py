@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from combos.engine import envpolicy
 from combos.engine.state import ComboState
 from combos.engine.types import ProviderSpec, TargetSpec
 
@@ -121,6 +122,8 @@ def credential_problem(
     if provider.adapter == "chatgpt":
         return None if caller_token else "caller ChatGPT token"
     if secret is None:
+        if provider.api_key_env and envpolicy.refusal(provider.api_key_env) is not None:
+            return "apiKeyEnv refused by the server's policy (see ocx doctor)"
         if provider.api_key_env:
             return f"environment variable {provider.api_key_env} is not set"
         if provider.adapter != "openai-chat" or provider.api_key is not None:
