@@ -185,7 +185,8 @@ async def route(
             decision = replace(
                 decision, reason="caller_credential", scope="none", request_local=True
             )
-            until, cooled = None, ()
+            until: int | None = None
+            cooled: tuple[str, ...] = ()
             retry_available = False
             if selection.probe:
                 await store.update(
