@@ -41,8 +41,9 @@ class Masker:
         for value in self.values():
             if value in text:
                 text = text.replace(value, last4(value))
-            # A text capped (500 characters) inside a value ends with its start: cut it too.
-            cut = next((k for k in range(len(value) - 1, 3, -1) if text.endswith(value[:k])), 0)
+            # A text capped (500 characters) inside a value ends with its start (7+ characters
+            # of it are taken as evidence): cut that too.
+            cut = next((k for k in range(len(value) - 1, 6, -1) if text.endswith(value[:k])), 0)
             if cut:
                 text = text[:-cut] + "…"
         return redact(text, limit=len(text))
