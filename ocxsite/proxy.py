@@ -347,6 +347,13 @@ class ProxyApp:
                 "missing_model",
                 "model is required and must be a string",
             )
+        if not model.isascii() and not _encodable(model):
+            raise HTTPFailure(
+                400,
+                "invalid_request_error",
+                "invalid_model",
+                "model is not valid Unicode (it contains a lone surrogate escape)",
+            )
         if len(model) > MAX_MODEL_NAME:
             raise HTTPFailure(
                 400,
@@ -900,6 +907,16 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def _encodable(text: str) -> bool:
+    """Whether `text` is valid Unicode: JSON's `\ud800` escapes give lone surrogates, which no
+    upstream body, database row or Redis key can carry."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _parse_json(body: bytes) -> dict[str, Any]:

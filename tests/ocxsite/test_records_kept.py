@@ -67,9 +67,13 @@ def test_a_nul_in_the_model_loses_no_other_record(server: Server, mock: Mock) ->
         assert r.status_code == 200, r.text
         ids.append(r.headers["x-ocx-request-id"])
     # Sent together with the five (one batch): a NUL and a lone surrogate, as JSON escapes.
-    for raw in (b'{"model": "combo/x\\u0000", "input": "hi"}', b'{"model": "y\\ud800"}'):
-        r = server.http.post("/v1/responses", content=raw, headers=headers)
-        assert r.status_code == 404, r.text
+    r = server.http.post(
+        "/v1/responses", content=b'{"model": "combo/x\\u0000", "input": "hi"}', headers=headers
+    )
+    assert r.status_code == 404, r.text
+    r = server.http.post("/v1/responses", content=b'{"model": "y\\ud800"}', headers=headers)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "invalid_model"
 
     rows = _rows(server, user, 7)
     by_id = {row["requestId"]: row for row in rows}
@@ -77,7 +81,7 @@ def test_a_nul_in_the_model_loses_no_other_record(server: Server, mock: Mock) ->
     assert len(rows) == 7
     for rid in ids:
         assert by_id[rid]["usage"]["inputTokens"] == 10
-    models = sorted(row["model"] for row in rows if row["status"] == 404)
+    models = sorted(row["model"] for row in rows if row["status"] in (400, 404))
     assert models == ["combo/x\ufffd", "y\ufffd"]
     usage = _usage(server, user, 7)
     assert usage["requests"] == 7
