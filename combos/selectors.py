@@ -9,7 +9,7 @@ from combos.models import Combo, ComboTarget
 from providers import selectors as provider_selectors
 from providers.models import ConfigState, Provider, ProviderModel
 from providers.sealing import unseal
-from routing import validate
+from routing import envpolicy, validate
 from routing.types import ComboSpec, ConfigSnapshot, ModelSpec, ProviderSpec, Timeouts
 
 
@@ -135,8 +135,11 @@ def config_snapshot() -> ConfigSnapshot:
 
 
 def credential_for(provider: ProviderSpec) -> str | None:
-    """The provider's own credential, resolved at dispatch (env var first when named)."""
+    """The provider's own credential, resolved at dispatch (env var first when named). A
+    variable the policy refuses is never read (issue #26): the target has no credential."""
     if provider.api_key_env:
+        if envpolicy.refusal(provider.api_key_env) is not None:
+            return None
         return os.environ.get(provider.api_key_env) or None
     return provider.api_key
 

@@ -32,6 +32,7 @@ from combos.shaping import (
     image_rejection,
 )
 from gateway.runtime import Runtime, get_runtime
+from providers.masking import Masker, bearer_value
 from providers.upstream import Caller, attempt
 from providers.wire.commit import terminal_error_frame, truncation_failure
 from quota.tracker import Gate
@@ -43,12 +44,14 @@ from quota.windows import (
 )
 from routing.attempts import Outcome, RouteResult, route
 from routing.catalog import models_list
-from routing.classify import Failure, classify, redact
+from routing.classify import Failure, classifier_code, classify, redact
 from routing.eligibility import (
     RESOLVED,
     Access,
     Quota,
+    callers_credential_refused,
     credential_problem,
+    forwards_caller_credential,
     target_state,
 )
 from routing.recall import lane_of, snapshot_liveness
@@ -74,6 +77,10 @@ _QUOTA: Mapping[str, Quota] = {
     "ineligible": "limited",
     "probe": "probe_due",
 }
+# Longer model names are refused (400): a name is a metric label, a log column, a Redis key.
+MAX_MODEL_NAME = 256
+# The metric label of every model a provider does not declare.
+OTHER_MODEL = "(other)"
 ENDPOINTS: Mapping[str, Literal["responses", "chat"]] = {
     "/v1/responses": "responses",
     "/v1/chat/completions": "chat",
@@ -133,6 +140,8 @@ class Exchange:
         # Budgets (PRODUCT §9.5): the admitted key, and the credential and headers of the
         # answer that was served (its quota windows count against window budgets).
         self.key: KeyInfo | None = None
+        # The `target` metric label when the request named an undeclared model (bounded labels).
+        self.target_label: str | None = None
         self.served_quota: tuple[tuple[str, str], Mapping[str, str]] | None = None
 
     def base_headers(self) -> list[tuple[bytes, bytes]]:
@@ -278,7 +287,8 @@ class ProxyApp:
         ):
             outcome = "failed_after_commit"
         entry.outcome = outcome
-        metrics.REQUESTS.labels(entry.combo, entry.target, str(entry.status)).inc()
+        target = exchange.target_label if entry.target else ""
+        metrics.REQUESTS.labels(entry.combo, target or entry.target, str(entry.status)).inc()
         metrics.PROXY_OVERHEAD.observe(max(0.0, elapsed - exchange.upstream_s))
         runtime = self.runtime
         if settings.OCX_REQUEST_LOG or settings.OCX_USAGE:
@@ -340,6 +350,20 @@ class ProxyApp:
                 "invalid_request_error",
                 "missing_model",
                 "model is required and must be a string",
+            )
+        if not model.isascii() and not _encodable(model):
+            raise HTTPFailure(
+                400,
+                "invalid_request_error",
+                "invalid_model",
+                "model is not valid Unicode (it contains a lone surrogate escape)",
+            )
+        if len(model) > MAX_MODEL_NAME:
+            raise HTTPFailure(
+                400,
+                "invalid_request_error",
+                "model_too_long",
+                f"model must be at most {MAX_MODEL_NAME} characters (got {len(model)})",
             )
         stream = request.get("stream", False)
         if not isinstance(stream, bool):
@@ -446,6 +470,9 @@ class ProxyApp:
             assert resolution.provider is not None and resolution.model is not None
             target = TargetSpec(resolution.provider, resolution.model)
             combo = ComboSpec(id="", targets=(target,))
+            if resolution.model not in snapshot.providers[resolution.provider].models:
+                # Any name goes upstream; metrics name only declared models (issue #26).
+                exchange.target_label = f"{resolution.provider}/{OTHER_MODEL}"
         elif resolution.kind == "combo":
             assert resolution.combo_id is not None
             combo = snapshot.combos[resolution.combo_id]
@@ -465,7 +492,12 @@ class ProxyApp:
                 ENCRYPTED_TASK_CODE,
                 ENCRYPTED_TASK_MESSAGE,
             )
-        caller = Caller(headers=_caller_headers(headers), request_id=exchange.request_id)
+        forwarded = _caller_headers(headers)
+        caller = Caller(
+            headers=forwarded,
+            request_id=exchange.request_id,
+            masker=Masker(functools.partial(_known_secrets, snapshot, forwarded)),
+        )
         pairs = {t.key: _credential_pair(snapshot, t, caller) for t in combo.targets}
         # With Redis the combo's routing state comes in the quota read's round trip (a pick
         # decided on it that writes nothing, a healthy one, needs no check of its own), and so
@@ -502,8 +534,14 @@ class ProxyApp:
         def access(target: TargetSpec) -> Access:
             return _access(snapshot, target, caller, gate, pairs.get(target.key))
 
+        # Set once a caller-forward upstream refused the caller's credential (issue #26).
+        refused: list[str] = []
+
         def predicate(target: TargetSpec) -> str | None:
             # Credential, quota and pin are the target's state (`access`); this is request-local.
+            if refused and forwards_caller_credential(snapshot.providers[target.provider]):
+                # The same refused token would go there too.
+                return "caller credential refused"
             return encrypted_only(target) if encrypted_only is not None else None
 
         async def dispatch(target: TargetSpec, _last: bool) -> Outcome:
@@ -541,6 +579,12 @@ class ProxyApp:
             finally:
                 elapsed = time.monotonic() - started
                 exchange.upstream_s += elapsed
+            if outcome.failure is not None and outcome.failure.message:
+                # Before it reaches the client, the request log or a log line (issue #26).
+                masked = caller.masker.text(outcome.failure.message)
+                outcome = dataclasses.replace(
+                    outcome, failure=dataclasses.replace(outcome.failure, message=masked)
+                )
             if outcome.committed:
                 exchange.upstream_done = True
                 metrics.UPSTREAM_LATENCY.labels(provider.name).observe(elapsed)
@@ -562,6 +606,16 @@ class ProxyApp:
                     # the target, so the quota state (per credential) handles it alone.
                     outcome = dataclasses.replace(outcome, cool=False)
             failure = outcome.failure
+            if (
+                failure is not None
+                and not outcome.committed
+                and forwards_caller_credential(provider)
+                and callers_credential_refused(failure.status, classifier_code(failure))
+            ):
+                # The caller's own token was refused: nothing shared is cooled or marked; the
+                # request may still hop to a target with a stored key.
+                refused.append(target.key)
+                outcome = dataclasses.replace(outcome, callers_own=True)
             if failure is not None and not outcome.committed:
                 flag = compat_hop(failure, child, protocol=inbound)
                 if flag is not None:
@@ -708,6 +762,13 @@ def _credential_pair(
     else:
         secret = credential_for(provider) or ""
     return (provider.name, fingerprint(secret)) if secret else None
+
+
+def _known_secrets(snapshot: ConfigSnapshot, forwarded: Mapping[str, str]) -> list[str | None]:
+    """Every credential value this request could meet: the config's keys, the caller's token."""
+    return [credential_for(p) for p in snapshot.providers.values()] + [
+        bearer_value(forwarded.get("authorization"))
+    ]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -887,6 +948,16 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def _encodable(text: str) -> bool:
+    """Whether `text` is valid Unicode: JSON's `\ud800` escapes give lone surrogates, which no
+    upstream body, database row or Redis key can carry."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _parse_json(body: bytes) -> dict[str, Any]:

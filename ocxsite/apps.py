@@ -20,6 +20,7 @@ class OcxsiteConfig(AppConfig):
         from gateway import live as live_loader
         from gateway.runtime import on_versions_committed
         from providers.services import versions_committed
+        from routing import envpolicy
 
         for model in (ClientKey, UserBudget, settings.AUTH_USER_MODEL):
             post_save.connect(keys_changed, sender=model, dispatch_uid=f"keys-save-{model}")
@@ -28,3 +29,6 @@ class OcxsiteConfig(AppConfig):
         versions_committed.connect(on_versions_committed, dispatch_uid="config-notify")
         # Status, badges and `ocx status` read the live state through the stores the server uses.
         live.register(live_loader.load)
+        envpolicy.configure(
+            envpolicy.EnvPolicy.of(settings.OCX_PROVIDER_ENV_DENY, settings.OCX_PROVIDER_ENV_ALLOW)
+        )

@@ -171,12 +171,17 @@ def check_bind(host: str) -> Check:
 def _credential_state(spec: object) -> tuple[str, str]:
     """(verdict, detail) for one provider's own credential."""
     from combos.selectors import credential_for
+    from routing import envpolicy
     from routing.types import ProviderSpec
 
     assert isinstance(spec, ProviderSpec)
     if spec.adapter == "chatgpt":
         return OK, "caller-forward: each caller's own ChatGPT token"
     if spec.api_key_env:
+        refused = envpolicy.refusal(spec.api_key_env)
+        if refused is not None:
+            # Never read nor sent (combos.selectors.credential_for); fix the provider.
+            return FAIL, f"${spec.api_key_env} is refused and not used: {refused}"
         if os.environ.get(spec.api_key_env):
             return OK, f"${spec.api_key_env} is set"
         return FAIL, f"${spec.api_key_env} is not set in this environment"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -43,6 +44,20 @@ def env_list(name: str, default: str) -> list[str]:
     items = [item.strip() for item in raw.split(",")]
     if any(not item for item in items):
         raise ImproperlyConfigured(f"{name} must be a comma-separated list without empty items")
+    return items
+
+
+def env_names(name: str) -> list[str]:
+    """A comma list of environment variable names (or name prefixes); empty when unset."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return []
+    items = [item.strip() for item in raw.split(",")]
+    bad = [item for item in items if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", item)]
+    if bad:
+        raise ImproperlyConfigured(
+            f"{name} must be a comma-separated list of environment variable names, got {bad[0]!r}"
+        )
     return items
 
 
@@ -118,6 +133,10 @@ def _redis_url() -> str | None:
 OCX_DATA_DIR = _data_dir()
 SECRET_KEY = _secret_key(OCX_DATA_DIR)
 DEBUG = env_bool("OCX_DEBUG", False)
+# `apiKeyEnv` may never name these (beyond DATABASE_URL, REDIS_URL, OCX_*, DJANGO_*), and,
+# when the allow-list is set, must start with one of its prefixes (routing.envpolicy).
+OCX_PROVIDER_ENV_DENY = env_names("OCX_PROVIDER_ENV_DENY")
+OCX_PROVIDER_ENV_ALLOW = env_names("OCX_PROVIDER_ENV_ALLOW")
 ALLOWED_HOSTS = env_list("OCX_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 OCX_REDIS_URL = _redis_url()
 # Set by `ocx serve` for its workers: a per-start token good only for GET /api/status, which

@@ -20,6 +20,7 @@ from typing import Any, Literal, Protocol
 import httpx
 
 from providers.http1 import POOL_SLOT, POOL_WAIT, Http1Transport, LocalOverload
+from providers.masking import NO_MASK, Masker
 from providers.wire import chat
 from providers.wire.commit import (
     CommitScanner,
@@ -85,6 +86,8 @@ class Caller:
 
     headers: Mapping[str, str]
     request_id: str
+    # Masks the request's known credential values in upstream error frames (issue #26).
+    masker: Masker = NO_MASK
 
 
 class MissingCredential(Exception):
@@ -562,12 +565,33 @@ def _frames(events: tuple[SSEEvent, ...]) -> bytes:
     return b"".join(e.raw for e in events)
 
 
-def _last_frame(events: tuple[SSEEvent, ...]) -> bytes:
+# `"error"` unescaped is a JSON key or value (an error event or frame); quoted text inside a
+# delta is escaped (`\"error\"`), so normal content is never scanned. One search of the
+# whole batch first: a batch without an error costs one `in` (issue #26, point 6).
+_ERROR = b'"error"'
+
+
+def _masked_outputs(outputs: list[bytes], masker: Masker) -> bytes:
+    """The client bytes of a batch of frames, credentials masked in its error frames."""
+    data = b"".join(outputs)
+    if _ERROR not in data:
+        return data
+    return b"".join(masker.frame(o) if _ERROR in o else o for o in outputs)
+
+
+def _masked_frames(events: tuple[SSEEvent, ...], masker: Masker) -> bytes:
+    data = _frames(events)
+    if _ERROR not in data:
+        return data
+    return _masked_outputs([e.raw for e in events], masker)
+
+
+def _last_frame(events: tuple[SSEEvent, ...], masker: Masker = NO_MASK) -> bytes:
     """A final frame the upstream did not terminate (`finish()`): forwarded with its blank line
     (a client drops an unterminated event at end of stream), unless its data is malformed."""
     if not events or _malformed_at(events) is not None:
         return b""
-    data = _frames(events)
+    data = _masked_frames(events, masker)
     if data.endswith((b"\n\n", b"\r\n\r\n", b"\r\r")):
         return data
     for ending in (b"\r\n", b"\n", b"\r"):
@@ -664,8 +688,8 @@ async def _stream(
 
     def translate(events: tuple[SSEEvent, ...]) -> bytes:
         if translator is None:
-            return _frames(_client_events(events, drop_usage))
-        return b"".join(translator.feed_event(e) for e in events)
+            return _masked_frames(_client_events(events, drop_usage), caller.masker)
+        return _masked_outputs([translator.feed_event(e) for e in events], caller.masker)
 
     def cut_at(
         events: tuple[SSEEvent, ...], seen_bad: int
@@ -778,7 +802,7 @@ async def _stream(
             if not committed and not _commits(upstream, events):
                 return failed_before_commit(undeclared)
         tail = (
-            _last_frame(_client_events(events, drop_usage))
+            _last_frame(_client_events(events, drop_usage), caller.masker)
             if translator is None
             else translate(events)
         )

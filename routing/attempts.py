@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from routing import state as st
@@ -37,6 +37,9 @@ class Outcome:
     # False when the failure is already handled per credential (a caller's own quota on a
     # shared `chatgpt` target): the target is not cooled for everyone else.
     cool: bool = True
+    # True when a caller-forward provider refused the caller's own credential (401/403): the
+    # failure is that caller's, so the shared routing state is not touched at all (issue #26).
+    callers_own: bool = False
     # Malformed (non-JSON) stream frames seen in this attempt (forwarded or not).
     malformed: int = 0
 
@@ -193,13 +196,26 @@ async def route(
             after_failure = True
             continue
         at = now()
-        found = cooldown(failure, decision, combo_cooldown_ms=combo.cooldown_ms, now=at)
-        until = None if found is None or not outcome.cool else at + found.ms
-        cooled = _cooled_keys(combo, target, decision) if until is not None else ()
-
-        await store.update(
-            combo.id, st.stamped(combo, revision, _failed(combo, (key, *cooled), until, at))
-        )
+        if outcome.callers_own and not outcome.committed:
+            # Another caller's valid token would be served: no cooldown, stickiness kept, only
+            # a probe lease this request held is given back. No retry of the same target.
+            decision = replace(
+                decision, reason="caller_credential", scope="none", request_local=True
+            )
+            until: int | None = None
+            cooled: tuple[str, ...] = ()
+            retry_available = False
+            if selection.probe:
+                await store.update(
+                    combo.id, st.stamped(combo, revision, _aborted(combo, key, True))
+                )
+        else:
+            found = cooldown(failure, decision, combo_cooldown_ms=combo.cooldown_ms, now=at)
+            until = None if found is None or not outcome.cool else at + found.ms
+            cooled = _cooled_keys(combo, target, decision) if until is not None else ()
+            await store.update(
+                combo.id, st.stamped(combo, revision, _failed(combo, (key, *cooled), until, at))
+            )
         if until is not None and on_cooldown is not None:
             for other in cooled:
                 on_cooldown(other, until, decision.reason)

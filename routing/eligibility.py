@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from routing import envpolicy
 from routing.state import ComboState
 from routing.types import ProviderSpec, TargetSpec
 
@@ -99,6 +100,18 @@ def _available(key: str, fresh: bool) -> TargetState:
     return TargetState(key, "available", None, detail="no quota data yet" if fresh else None)
 
 
+def forwards_caller_credential(provider: ProviderSpec) -> bool:
+    """True when `provider` authenticates with the caller's own credential (`chatgpt`), never a
+    stored one: a refusal of that credential is the caller's, not the target's (issue #26)."""
+    return provider.adapter == "chatgpt"
+
+
+def callers_credential_refused(status: int | None, code: str) -> bool:
+    """A caller-forward upstream refused the caller's credential: 401, 403 or `invalid_api_key`
+    (`code` is `classify.classifier_code` of the failure)."""
+    return status in (401, 403) or code == "invalid_api_key"
+
+
 def credential_problem(
     provider: ProviderSpec, secret: str | None, *, caller_token: bool
 ) -> str | None:
@@ -109,6 +122,8 @@ def credential_problem(
     if provider.adapter == "chatgpt":
         return None if caller_token else "caller ChatGPT token"
     if secret is None:
+        if provider.api_key_env and envpolicy.refusal(provider.api_key_env) is not None:
+            return "apiKeyEnv refused by the server's policy (see ocx doctor)"
         if provider.api_key_env:
             return f"environment variable {provider.api_key_env} is not set"
         if provider.adapter != "openai-chat" or provider.api_key is not None:

@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from routing import envpolicy
 from routing.types import (
     ADAPTERS,
     COMBO_NAMESPACE,
@@ -928,6 +929,10 @@ def _validate_provider(
     env = raw.get("apiKeyEnv")
     if env is not None and not (isinstance(env, str) and _ENV_RE.fullmatch(env)):
         issues.append(Issue(("apiKeyEnv",), MSG_API_KEY_ENV))
+    elif isinstance(env, str):
+        refused = envpolicy.refusal(env)
+        if refused is not None:
+            issues.append(Issue(("apiKeyEnv",), refused))
     key = raw.get("apiKey")
     if key is not None and not (isinstance(key, str) and key and not _has_control(key)):
         issues.append(Issue(("apiKey",), MSG_API_KEY))

@@ -20,6 +20,8 @@ from asgiref.sync import sync_to_async
 from django.db import Error as DbError
 from django.db import InterfaceError, OperationalError, connection
 
+from server import metrics
+
 log = logging.getLogger("ocx.background")
 
 T = TypeVar("T")
@@ -58,9 +60,13 @@ class BatchWriter(Generic[T]):
         batch: int = 200,
         flush_s: float = 0.5,
         on_drop: Callable[[], None] | None = None,
+        ident: Callable[[T], str] | None = None,
     ) -> None:
         self.name = name
         self._write = write
+        # Names an item in the log when it alone is refused (the request id of a log entry).
+        self._ident = ident or (lambda _item: "?")
+        self.rejected = 0
         self.queue: asyncio.Queue[T] = asyncio.Queue(maxsize)
         self.batch = batch
         self.flush_s = flush_s
@@ -149,10 +155,38 @@ class BatchWriter(Generic[T]):
             self._pause = min(max(self._pause * 2, RETRY_S[0]), RETRY_S[1])
             return
         except Exception:  # noqa: BLE001 - a failed write must never take the proxy down
-            log.exception("%s: could not write %d item(s)", self.name, len(batch))
+            log.exception(
+                "%s: could not write %d item(s); writing them one by one", self.name, len(batch)
+            )
+            await self._one_by_one(batch)
         if self._pause:
             log.warning("%s: database reachable again, writing what was kept", self.name)
             self._pause = 0.0
+
+    async def _one_by_one(self, batch: list[T]) -> None:
+        """A refused batch, item by item: one bad row loses only itself (issue #26)."""
+        for i, item in enumerate(batch):
+            try:
+                await in_thread(self._write, [item])
+                self.written += 1
+            except UNREACHABLE:
+                # Gone meanwhile: the rest waits for the database like any kept batch.
+                room = max(0, self.maxsize - self.queue.qsize())
+                rest = batch[i:]
+                self.pending = rest[:room]
+                self._drop(len(rest) - len(self.pending))
+                self._pause = max(self._pause, RETRY_S[0])
+                return
+            except Exception as exc:  # noqa: BLE001 - this item alone is dropped
+                self.rejected += 1
+                metrics.RECORDS_REJECTED.labels(self.name).inc()
+                log.error(
+                    "%s: dropped item %s the database refused (%s: %s)",
+                    self.name,
+                    self._ident(item),
+                    type(exc).__name__,
+                    str(exc)[:200],
+                )
 
     async def drain(self) -> None:
         """Write everything queued now (tests and shutdown)."""

@@ -56,6 +56,11 @@ LOCAL_OVERLOAD = Counter(
 REQUEST_LOG_DROPPED = Counter(
     "ocx_request_log_dropped_total", "Request log entries dropped because the queue was full"
 )
+RECORDS_REJECTED = Counter(
+    "ocx_records_rejected_total",
+    "Records the database refused alone (written row by row after a batch failed), by writer",
+    ["writer"],
+)
 COOLING = Gauge(
     "ocx_cooldowns_active",
     "Targets cooling right now (set at scrape time)",

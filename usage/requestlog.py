@@ -8,6 +8,7 @@ import datetime as dt
 import functools
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,9 +75,40 @@ _last_retention = 0.0
 _last_usage_compact = 0.0
 
 
+# What a database cannot store in text: NUL (PostgreSQL refuses it in text and jsonb) and lone
+# surrogates (not encodable as UTF-8), which a client can send as `\u0000` / `\ud800` in JSON.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def clean_text(value: str) -> str:
+    """`value` with every unstorable character replaced by U+FFFD (one test when clean)."""
+    return _UNSTORABLE.sub("\ufffd", value)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    if isinstance(value, dict):
+        return {clean_text(k): _clean(v) for k, v in value.items()}
+    return value
+
+
+def clean_entry(entry: RequestEntry) -> RequestEntry:
+    """Clean every string of an entry (model, target and the route trace can come from the
+    client) before it reaches a writer: one bad row must not fail a batch (issue #26)."""
+    for name, value in vars(entry).items():
+        if isinstance(value, (str, list)):
+            setattr(entry, name, _clean(value))
+    return entry
+
+
 def write_entries(entries: list[RequestEntry]) -> None:
     # The log rows and the usage counts of a batch commit together: a batch kept and retried
     # while the database is unreachable is then neither half written nor counted twice.
+    for entry in entries:
+        clean_entry(entry)
     with transaction.atomic():
         if settings.OCX_REQUEST_LOG:
             _write_log(entries)
@@ -184,4 +216,5 @@ def new_writer() -> BatchWriter[RequestEntry]:
         write_entries,
         maxsize=settings.OCX_REQUEST_LOG_QUEUE,
         on_drop=metrics.REQUEST_LOG_DROPPED.inc,
+        ident=lambda entry: entry.request_id,
     )

@@ -31,7 +31,7 @@ def test_badges_show_states_and_follow_a_cooldown_live(
     tag = uuid.uuid4().hex[:6]
     pm, fm, nm = f"ba-{tag}", f"bb-{tag}", f"bc-{tag}"
     url = mock.url + "/v1"
-    unset = f"OCX_TEST_UNSET_{tag.upper()}"
+    unset = f"PROVIDER_TEST_UNSET_{tag.upper()}"
     server.put_provider(f"pri-{tag}", provider(url, pm, apiKey=PRIMARY_KEY))
     server.put_provider(f"fb-{tag}", provider(url, fm, apiKey=FALLBACK_KEY))
     server.put_provider(f"nokey-{tag}", provider(url, nm, apiKeyEnv=unset))

@@ -22,7 +22,7 @@ def _setup() -> None:
         raw={
             "adapter": "openai-responses",
             "baseUrl": "http://127.0.0.1:9/v1",
-            "apiKeyEnv": "OCX_TEST_UNSET_A",
+            "apiKeyEnv": "PROVIDER_TEST_UNSET_A",
             "models": {
                 "big": {
                     "contextWindow": 200000,
@@ -37,7 +37,7 @@ def _setup() -> None:
         raw={
             "adapter": "openai-chat",
             "baseUrl": "http://127.0.0.1:9/v1",
-            "apiKeyEnv": "OCX_TEST_UNSET_B",
+            "apiKeyEnv": "PROVIDER_TEST_UNSET_B",
             "models": {
                 "small": {
                     "contextWindow": 128000,
@@ -92,7 +92,7 @@ def test_attention_lists_omitted_combo_and_missing_credentials() -> None:
     assert body["omitted"] == [{"combo": "vague", "reason": "missing_member"}]
     notes = "\n".join(body["notes"])
     assert "combo/vague is omitted from the Codex catalog" in notes
-    assert "environment variable OCX_TEST_UNSET_A is not set" in notes
+    assert "environment variable PROVIDER_TEST_UNSET_A is not set" in notes
 
 
 def test_catalog_write_and_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

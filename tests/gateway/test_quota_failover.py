@@ -641,7 +641,7 @@ def test_status_quota_and_transition_messages(server: Server, mock: Mock) -> Non
 def test_missing_fallback_credential_answers_503_naming_the_variable(
     server: Server, mock: Mock
 ) -> None:
-    env = f"OCX_TEST_UNSET_{uuid.uuid4().hex[:8].upper()}"
+    env = f"PROVIDER_TEST_UNSET_{uuid.uuid4().hex[:8].upper()}"
     assert env not in server.env
     c = setup(server, mock, fallback={"apiKeyEnv": env})
     mock.script(c.pm, [usage_limit(reset_in(60))])

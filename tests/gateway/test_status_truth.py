@@ -74,7 +74,7 @@ class Setup:
 
 
 def test_missing_credential_is_never_would_serve(server: Server, mock: Mock) -> None:
-    env = f"OCX_TEST_UNSET_{uuid.uuid4().hex[:8].upper()}"
+    env = f"PROVIDER_TEST_UNSET_{uuid.uuid4().hex[:8].upper()}"
     assert env not in server.env
     c = Setup(server, mock, apiKeyEnv=env)
 

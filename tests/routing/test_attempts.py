@@ -195,3 +195,46 @@ def test_a_local_overload_hands_back_a_half_open_probe_lease() -> None:
     state = asyncio.run(store.get("main"))
     # Still half-open, not cooled again, and no lease left to block the next prober.
     assert state.cooldowns == {A.key: NOW} and state.probes == {}
+
+
+# A caller-forward provider refused the caller's own token (issue #26): the caller's failure.
+CALLERS_401 = Outcome(
+    committed=False,
+    failure=Failure(status=401, error_code="invalid_api_key", message="Incorrect API key"),
+    status=401,
+    callers_own=True,
+)
+
+
+def test_a_refused_caller_credential_writes_nothing_and_is_not_retried() -> None:
+    store = CountingStore()
+    single = ComboSpec(id="main", targets=(A,), cooldown_ms=60_000)
+    result, dispatched = run(single, store, {A.key: [CALLERS_401]})
+    assert dispatched == [A.key]  # no single-target retry with the same token
+    assert result.served is None and result.failure is not None
+    assert result.failure.status == 401
+    assert [(a.outcome, a.reason, a.cooled_until) for a in result.attempts] == [
+        ("hop", "caller_credential", None)
+    ]
+    assert asyncio.run(store.get("main")) == ComboState()
+
+
+def test_a_refused_caller_credential_hops_without_cooling() -> None:
+    store = CountingStore()
+    result, dispatched = run(combo(cooldown_ms=60_000), store, {A.key: [CALLERS_401], B.key: [OK]})
+    assert dispatched == [A.key, B.key] and result.served == B
+    assert asyncio.run(store.get("main")).cooldowns == {}
+    # The same 401 from a provider with a stored key cools it (for everyone).
+    store = CountingStore()
+    shared = Outcome(committed=False, failure=Failure(status=401), status=401)
+    run(combo(cooldown_ms=60_000), store, {A.key: [shared], B.key: [OK]})
+    assert A.key in asyncio.run(store.get("main")).cooldowns
+
+
+def test_a_refused_caller_credential_gives_back_a_probe_lease_only() -> None:
+    store = CountingStore()
+    asyncio.run(store.update("main", lambda s: (ComboState(cooldowns={A.key: NOW}), None)))
+    single = ComboSpec(id="main", targets=(A,), cooldown_ms=60_000)
+    run(single, store, {A.key: [CALLERS_401]})
+    state = asyncio.run(store.get("main"))
+    assert state.cooldowns == {A.key: NOW} and state.probes == {}
