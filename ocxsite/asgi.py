@@ -18,6 +18,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
+from ocxsite.body_limits import BoundedBody  # noqa: E402
 from ocxsite.events import EventsConsumer  # noqa: E402
 from ocxsite.proxy import ProxyApp  # noqa: E402
 
@@ -33,7 +34,8 @@ async def http_router(scope, receive, send):  # type: ignore[no-untyped-def]
 
 application = ProtocolTypeRouter(
     {
-        "http": http_router,
+        # Bodies above their path's limit are refused before they are read (body_limits).
+        "http": BoundedBody(http_router),
         "websocket": AuthMiddlewareStack(URLRouter([path("ws/events", EventsConsumer.as_asgi())])),
     }
 )

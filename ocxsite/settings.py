@@ -125,6 +125,10 @@ if OCX_ADMIN_TOKEN is not None and len(OCX_ADMIN_TOKEN) < 16:
 OCX_CONFIG_POLL_MS = env_int("OCX_CONFIG_POLL_MS", 500, minimum=50)
 OCX_PROXY_MAX_BODY = env_int("OCX_PROXY_MAX_BODY", 32 * 1024 * 1024, minimum=1024)
 OCX_API_MAX_BODY = env_int("OCX_API_MAX_BODY", 1024 * 1024, minimum=1024)
+# Every other path (the admin's forms, …); /healthz, /readyz, /metrics take 1 KiB (body_limits).
+OCX_OTHER_MAX_BODY = env_int("OCX_OTHER_MAX_BODY", 256 * 1024, minimum=1024)
+# /v1 and /api requests that present no credential at all: their answer is a 401 anyway.
+OCX_UNAUTH_MAX_BODY = env_int("OCX_UNAUTH_MAX_BODY", 64 * 1024, minimum=1024)
 OCX_STATE_KEY_PREFIX = os.environ.get("OCX_STATE_KEY_PREFIX", "ocx")
 # Redis calls on the request path give up after this; then the worker routes on its own state.
 OCX_REDIS_TIMEOUT_MS = env_int("OCX_REDIS_TIMEOUT_MS", 50, minimum=1)
