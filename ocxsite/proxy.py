@@ -25,6 +25,7 @@ from combos.engine.eligibility import (
     RESOLVED,
     Access,
     Quota,
+    SKIP_CREDENTIAL,
     credential_problem,
     target_state,
 )
@@ -726,11 +727,24 @@ def _record_route(entry: RequestEntry, result: RouteResult) -> None:
         _note_usage(entry, result.usage)
 
 
+def _missing_for_client(target_key: str, why: str) -> str:
+    """A missing credential as the client may read it: the provider, never the name of the
+    server's environment variable (staff see that in `ocx doctor`, the admin and the log)."""
+    if why == f"{SKIP_CREDENTIAL}: caller ChatGPT token":
+        return why  # the caller's own token: the caller can act on it
+    provider = target_key.split("/", 1)[0]
+    return f"{SKIP_CREDENTIAL}: the credential of provider {provider} is not configured"
+
+
 def _finish_route(combo: ComboSpec, result: RouteResult) -> None:
     if result.served is not None:
         return
     if result.unavailable:
-        missing = [why for _, why in result.skipped if why.startswith("credential")]
+        missing = [
+            _missing_for_client(key, why)
+            for key, why in result.skipped
+            if why.startswith("credential")
+        ]
         message = f"No available targets for combo: {combo.id}"
         # Name what is missing when nothing else (only quota) stood in the way (PRODUCT §8.3).
         quota = [why for _, why in result.skipped if why.startswith("quota_")]
@@ -857,7 +871,7 @@ def _parse_json(body: bytes) -> dict[str, Any]:
         ) from None
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         raise HTTPFailure(
             400, "invalid_request_error", "invalid_json", "Request body is not valid JSON"
         ) from None

@@ -47,7 +47,8 @@ def env_list(name: str, default: str) -> list[str]:
 def _data_dir() -> Path:
     path = Path(os.environ.get("OCX_DATA_DIR") or "./var").expanduser().resolve()
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        # 0700: it holds the database and the secret key (an existing one: `ocx doctor` warns).
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise ImproperlyConfigured(f"OCX_DATA_DIR {str(path)!r} is not usable: {exc}") from None
     return path
@@ -68,6 +69,19 @@ def _secret_key(data_dir: Path) -> str:
     return key_file.read_text().strip()
 
 
+def _create_private(db_file: Path) -> None:
+    """Create a new SQLite database file 0600 (SQLite gives its -wal and -shm files the same
+    mode); SQLite itself would create it 0644, readable by every local user."""
+    if str(db_file) in ("", ":memory:") or str(db_file).startswith("file:") or db_file.exists():
+        return
+    try:
+        os.close(os.open(db_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise ImproperlyConfigured(f"database file {str(db_file)!r} is not usable: {exc}") from None
+
+
 def _database(data_dir: Path) -> dict[str, object]:
     url = os.environ.get("DATABASE_URL") or f"sqlite:///{data_dir / 'ocx.sqlite3'}"
     scheme = urlsplit(url).scheme
@@ -82,6 +96,7 @@ def _database(data_dir: Path) -> dict[str, object]:
     # Under ASGI connections are per thread; persistent ones would leak (Django docs).
     config["CONN_MAX_AGE"] = 0
     if scheme == "sqlite":
+        _create_private(Path(str(config["NAME"])))
         # IMMEDIATE: a write transaction takes the lock up front instead of failing with
         # "database is locked" when the request-log writer and an API write overlap.
         config["OPTIONS"] = {
