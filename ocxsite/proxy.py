@@ -23,9 +23,9 @@ from combos.engine.catalog import models_list
 from combos.engine.classify import Failure, classify, redact
 from combos.engine.eligibility import (
     RESOLVED,
+    SKIP_CREDENTIAL,
     Access,
     Quota,
-    SKIP_CREDENTIAL,
     credential_problem,
     target_state,
 )
