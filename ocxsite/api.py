@@ -11,6 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import APIKeyHeader
+from ninja.utils import check_csrf
 
 from ocxsite import access
 from ocxsite.db_unavailable import unavailable_response
@@ -38,6 +39,12 @@ class ManagementAuth(APIKeyHeader):
         if user is not None and user.is_authenticated:
             if not user.is_staff:
                 raise HttpError(403, "staff access required")
+            # A session is a cookie the browser sends on its own: writes need Django's CSRF
+            # check (token, Origin/Referer), as the admin's forms do. Bearer calls need none.
+            if check_csrf(request) is not None:
+                raise HttpError(
+                    403, "CSRF check failed: send the csrftoken cookie's value as X-CSRFToken"
+                )
             return user
         return None
 

@@ -12,12 +12,14 @@ class OcxsiteConfig(AppConfig):
 
     def ready(self) -> None:
         from django.conf import settings
+        from django.db.backends.signals import connection_created
         from django.db.models.signals import post_delete, post_save
 
         from combos import live
         from ocxsite import live as live_loader
         from ocxsite.access import keys_changed
         from ocxsite.confignotify import on_versions_committed
+        from ocxsite.datafiles import new_sqlite_private
         from ocxsite.models import ClientKey, UserBudget
         from providers.services import versions_committed
 
@@ -28,3 +30,4 @@ class OcxsiteConfig(AppConfig):
         versions_committed.connect(on_versions_committed, dispatch_uid="config-notify")
         # Status, badges and `ocx status` read the live state through the stores the server uses.
         live.register(live_loader.load)
+        connection_created.connect(new_sqlite_private, dispatch_uid="sqlite-private")

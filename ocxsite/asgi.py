@@ -16,6 +16,7 @@ django_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path  # noqa: E402
 
 from ocxsite.body_limits import BoundedBody  # noqa: E402
@@ -36,6 +37,10 @@ application = ProtocolTypeRouter(
     {
         # Bodies above their path's limit are refused before they are read (body_limits).
         "http": BoundedBody(http_router),
-        "websocket": AuthMiddlewareStack(URLRouter([path("ws/events", EventsConsumer.as_asgi())])),
+        # A browser sends the session cookie with any page's WebSocket: only pages of an allowed
+        # host may open one (Origin checked against OCX_ALLOWED_HOSTS; no Origin, no socket).
+        "websocket": AllowedHostsOriginValidator(
+            AuthMiddlewareStack(URLRouter([path("ws/events", EventsConsumer.as_asgi())]))
+        ),
     }
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -69,19 +70,6 @@ def _secret_key(data_dir: Path) -> str:
     return key_file.read_text().strip()
 
 
-def _create_private(db_file: Path) -> None:
-    """Create a new SQLite database file 0600 (SQLite gives its -wal and -shm files the same
-    mode); SQLite itself would create it 0644, readable by every local user."""
-    if str(db_file) in ("", ":memory:") or str(db_file).startswith("file:") or db_file.exists():
-        return
-    try:
-        os.close(os.open(db_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        raise ImproperlyConfigured(f"database file {str(db_file)!r} is not usable: {exc}") from None
-
-
 def _database(data_dir: Path) -> dict[str, object]:
     url = os.environ.get("DATABASE_URL") or f"sqlite:///{data_dir / 'ocx.sqlite3'}"
     scheme = urlsplit(url).scheme
@@ -96,7 +84,9 @@ def _database(data_dir: Path) -> dict[str, object]:
     # Under ASGI connections are per thread; persistent ones would leak (Django docs).
     config["CONN_MAX_AGE"] = 0
     if scheme == "sqlite":
-        _create_private(Path(str(config["NAME"])))
+        from ocxsite.datafiles import note_new_sqlite
+
+        note_new_sqlite(str(config["NAME"]))  # made 0600 once created (ocxsite.datafiles)
         # IMMEDIATE: a write transaction takes the lock up front instead of failing with
         # "database is locked" when the request-log writer and an API write overlap.
         config["OPTIONS"] = {
@@ -157,6 +147,14 @@ OCX_LOG_JSON = env_bool("OCX_LOG_JSON", False)
 # A worker moves its startup heap out of the cyclic collector once it serves (lifecycle).
 OCX_GC_FREEZE = env_bool("OCX_GC_FREEZE", True)
 OCX_TIME_ZONE = _time_zone()
+# Deployments behind TLS (docs/deployment.md "Security"): cookies only over HTTPS, HSTS, a CSP.
+OCX_SECURE_COOKIES = env_bool("OCX_SECURE_COOKIES", False)
+OCX_HSTS_SECONDS = env_int("OCX_HSTS_SECONDS", 0)
+OCX_CSP = os.environ.get("OCX_CSP", "").strip() or None
+# Admin login throttling (django-axes): this many failed logins lock the user name, and the
+# address, for OCX_LOGIN_LOCKOUT_MINUTES; 0 switches the throttling off.
+OCX_LOGIN_FAILURE_LIMIT = env_int("OCX_LOGIN_FAILURE_LIMIT", 5)
+OCX_LOGIN_LOCKOUT_MINUTES = env_int("OCX_LOGIN_LOCKOUT_MINUTES", 15, minimum=1)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -172,6 +170,7 @@ INSTALLED_APPS = [
     "usage",
     "dashboard",
     "ninja",  # Swagger UI / ReDoc served from our own static files (no CDN)
+    "axes",  # admin login throttling
     "ocxsite",
 ]
 
@@ -186,7 +185,42 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "ocxsite.security_headers.content_security_policy",
+    # Last, as django-axes asks: turns a locked-out login into its lockout answer.
+    "axes.middleware.AxesMiddleware",
 ]
+
+AUTHENTICATION_BACKENDS = [
+    # First: refuses a locked-out user name or address before the password is checked.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_ENABLED = OCX_LOGIN_FAILURE_LIMIT > 0
+AXES_FAILURE_LIMIT = max(OCX_LOGIN_FAILURE_LIMIT, 1)
+AXES_COOLOFF_TIME = timedelta(minutes=OCX_LOGIN_LOCKOUT_MINUTES)
+# Per user name and, separately, per address: either one reaching the limit locks.
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "ocx/lockout.html"
+# Failed attempts are kept (they are the count); no row per successful login.
+AXES_DISABLE_ACCESS_LOG = True
+AXES_VERBOSE = False
+
+# Every path that sets a password (the admin's user forms, `ocx user create`) checks these.
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": 10},
+    },
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+SESSION_COOKIE_SECURE = OCX_SECURE_COOKIES
+CSRF_COOKIE_SECURE = OCX_SECURE_COOKIES
+# SecurityMiddleware sends it on HTTPS requests (X-Forwarded-Proto from the reverse proxy).
+SECURE_HSTS_SECONDS = OCX_HSTS_SECONDS
 
 ROOT_URLCONF = "ocxsite.urls"
 ASGI_APPLICATION = "ocxsite.asgi.application"
