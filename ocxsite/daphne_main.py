@@ -120,8 +120,6 @@ def _refuse(channel: Any, path: bytes, limit: int) -> None:
     reset can destroy the answer before the client reads it. So the write side is closed
     first and what the client still sends is read and dropped (never parsed or kept) for at
     most `body_limits.LINGER_S` or `LINGER_BYTES`, whichever comes first."""
-    from twisted.internet import reactor
-
     transport = channel.transport
     transport.write(body_limits.too_large_response(path, limit))
     channel.persistent = False
@@ -140,11 +138,14 @@ def _refuse(channel: Any, path: bytes, limit: int) -> None:
     channel.rawDataReceived = _ignore
     channel.allContentReceived = _ignore
     channel._buffer = b""  # noqa: SLF001
+
+    def end_lingering() -> None:
+        if not transport.disconnected:
+            transport.abortConnection()
+
     if hasattr(transport, "loseWriteConnection"):
         transport.loseWriteConnection()
-        reactor.callLater(  # type: ignore[attr-defined]
-            body_limits.LINGER_S, lambda: transport.disconnected or transport.abortConnection()
-        )
+        channel.callLater(body_limits.LINGER_S, end_lingering)  # the reactor's, or a test clock
     else:
         channel.loseConnection()
 
