@@ -2,10 +2,11 @@
 
 Every HTTP request has a body limit from its path: the proxy (`/v1/`, `OCX_PROXY_MAX_BODY`), the
 management API (`/api/`, `OCX_API_MAX_BODY`), the health and metrics endpoints (`SMALL_MAX_BODY`)
-and everything else, the admin included (`OCX_OTHER_MAX_BODY`). A request to `/v1/` or `/api/`
-that presents no credential at all (no bearer, no `x-ocx-key`, no session cookie) gets
-`OCX_UNAUTH_MAX_BODY` instead: its answer is a 401 whatever its body, so there is no reason to
-take much of one.
+and everything else, the admin included (`OCX_OTHER_MAX_BODY`). Requests that will be answered
+401 whatever their body get `OCX_UNAUTH_MAX_BODY` instead: on `/v1/` those without a client
+key the worker knows (checked against the proxy's own key map, in memory), on `/api/` those
+that present no credential at all (no bearer, no session cookie; a management token is checked
+in the database, which the server's parsing thread must not wait for).
 
 A declared `Content-Length` above the limit is answered 413 with a JSON error before one byte of
 the body is read, and the connection is closed; a chunked body is counted as it arrives and
@@ -63,7 +64,9 @@ class Limits:
         (lower- or mixed-case names)."""
         path = path.split(b"?", 1)[0]
         if path.startswith(b"/v1/"):
-            limit = self.proxy
+            if not _known_client_key(headers):
+                return min(self.proxy, self.unauthenticated)
+            return self.proxy
         elif path.startswith(b"/api/") or path == b"/api":
             limit = self.api
         elif path in _SMALL_PATHS or path.rstrip(b"/") in _SMALL_PATHS:
@@ -83,6 +86,35 @@ def _presents_credential(headers: Iterable[tuple[bytes, bytes]]) -> bool:
         if lowered == b"cookie" and b"sessionid=" in value:
             return True
     return False
+
+
+def _known_client_key(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """Whether a /v1 request carries a client key this worker's proxy accepts (the same rule
+    and the same key map as `ProxyApp._authenticate`, so the limit and the 401 agree). Before
+    the worker has loaded its key map (its first /v1 request), any `ocx_…` key counts."""
+    token = bearer = b""
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered == b"x-ocx-key":
+            token = value.strip()
+        elif lowered == b"authorization":
+            bearer = value.strip()
+    if not token:
+        scheme, _, rest = bearer.partition(b" ")
+        if scheme.lower() == b"bearer":
+            token = rest.strip()
+    if not token.startswith(b"ocx_"):
+        return False
+    from ocxsite import runtime
+    from ocxsite.access import digest
+
+    loaded = runtime._runtime  # noqa: SLF001 - read only; None until the first /v1 request
+    if loaded is None or loaded.keys_version < 0:
+        return True
+    try:
+        return digest(token.decode("ascii")) in loaded.keys
+    except UnicodeDecodeError:
+        return False
 
 
 _limits: Limits | None = None

@@ -112,16 +112,29 @@ def test_declared_body_over_the_limit_is_refused_from_the_headers(
     assert message == f"Request body exceeds {limit} bytes"
 
 
-def test_a_credential_raises_the_limit_to_the_paths_own(bounded_server: Server) -> None:
-    status, _, body = declared(
-        bounded_server, "/v1/responses", {"Authorization": "Bearer ocx_not-checked-yet"}
-    )
+def test_a_known_client_key_raises_the_proxy_limit(bounded_server: Server) -> None:
+    key = bounded_server.create_key()  # also loads the worker's key map
+    status, _, body = declared(bounded_server, "/v1/responses", {"Authorization": f"Bearer {key}"})
     assert status == 413
     assert json.loads(body)["error"] == {
         "type": "invalid_request_error",
         "code": "request_too_large",
         "message": f"Request body exceeds {PROXY_LIMIT} bytes",
     }
+    # x-ocx-key (a chatgpt caller's own token in the bearer) counts the same.
+    status, _, body = declared(
+        bounded_server, "/v1/responses", {"x-ocx-key": key, "Authorization": "Bearer eyJ-chatgpt"}
+    )
+    assert json.loads(body)["error"]["message"] == f"Request body exceeds {PROXY_LIMIT} bytes"
+    # A key of the right shape that the worker does not know: the unauthenticated limit.
+    for headers in ({"Authorization": "Bearer ocx_" + "x" * 43}, {"Authorization": "Bearer eyJ"}):
+        status, _, body = declared(bounded_server, "/v1/responses", headers)
+        assert status == 413
+        assert json.loads(body)["error"]["message"] == f"Request body exceeds {64 * 1024} bytes"
+
+
+def test_a_presented_credential_raises_the_api_limit(bounded_server: Server) -> None:
+    # Management tokens are checked in the database, later: presenting one is enough here.
     status, _, body = declared(
         bounded_server, "/api/keys", {"Authorization": "Bearer ocxm_not-checked-yet"}
     )
