@@ -13,13 +13,14 @@ the body is read, and the connection is closed; a chunked body is counted as it 
 refused the same way once it passes the limit. Daphne (Twisted) buffers a whole body before the
 ASGI application runs, so there the check hooks into Twisted's request parsing
 (`ocxsite.daphne_main`); uvicorn streams the body to the application, so `BoundedBody`, an ASGI
-middleware, does it there (and, harmlessly, behind Daphne too).
+middleware, does it there (it steps aside in a Daphne worker).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
@@ -105,19 +106,40 @@ def _known_client_key(headers: Iterable[tuple[bytes, bytes]]) -> bool:
             token = rest.strip()
     if not token.startswith(b"ocx_"):
         return False
-    from ocxsite import runtime
-    from ocxsite.access import digest
-
-    loaded = runtime._runtime  # noqa: SLF001 - read only; None until the first /v1 request
+    loaded = _runtime_module().get()
     if loaded is None or loaded.keys_version < 0:
         return True
-    try:
-        return digest(token.decode("ascii")) in loaded.keys
-    except UnicodeDecodeError:
-        return False
+    # The key map's digests are of the key's text; an `ocx_` key is ASCII (else: unknown).
+    return hashlib.sha256(token).hexdigest() in loaded.keys
+
+
+class _RuntimeRef:
+    """The worker's proxy runtime, imported at the first use (this module loads before Django
+    is set up in a Daphne worker)."""
+
+    def __init__(self) -> None:
+        from ocxsite import runtime
+
+        self._module = runtime
+
+    def get(self) -> Any:
+        return self._module._runtime  # noqa: SLF001 - read only; None until the first /v1 request
+
+
+_runtime_ref: _RuntimeRef | None = None
+
+
+def _runtime_module() -> _RuntimeRef:
+    global _runtime_ref
+    if _runtime_ref is None:
+        _runtime_ref = _RuntimeRef()
+    return _runtime_ref
 
 
 _limits: Limits | None = None
+# Set by `ocxsite.daphne_main`: Twisted checks every request before the application runs, so
+# `BoundedBody` has nothing left to do.
+checked_by_server = False
 
 
 def limits() -> Limits:
@@ -182,7 +204,7 @@ class BoundedBody:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if checked_by_server or scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = scope["headers"]

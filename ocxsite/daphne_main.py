@@ -223,6 +223,7 @@ def install() -> None:
     http_protocol.WebRequest.__init__ = _init_without_form_parsing  # type: ignore[method-assign]
     http_protocol.HTTPFactory.log = _no_twisted_access_log  # type: ignore[method-assign]
     http.HTTPChannel.allHeadersReceived = _all_headers_bounded  # type: ignore[method-assign]
+    body_limits.checked_by_server = True
     http_protocol.WebRequest.handleContentChunk = _content_chunk_bounded  # type: ignore[method-assign]
     Server.create_application = _create_application_reaped  # type: ignore[method-assign]
 
