@@ -169,16 +169,27 @@ def too_large_body(path: bytes, limit: int) -> bytes:
     return json.dumps({"error": error}).encode()
 
 
+def too_large_headers(path: bytes, body: bytes) -> list[tuple[bytes, bytes]]:
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
+    if path.startswith(b"/v1/"):
+        # Every proxy answer carries a request id (docs/operations.md "Error shapes").
+        from ocxsite.requestlog import new_request_id
+
+        headers.append((b"x-ocx-request-id", new_request_id().encode()))
+    return headers
+
+
 def too_large_response(path: bytes, limit: int) -> bytes:
     """A complete HTTP/1.1 413 response that closes the connection (for Twisted's transport)."""
     body = too_large_body(path, limit)
-    head = (
-        b"HTTP/1.1 413 Content Too Large\r\n"
-        b"Content-Type: application/json\r\n"
-        b"Content-Length: " + str(len(body)).encode() + b"\r\n"
-        b"Connection: close\r\n\r\n"
+    head = b"HTTP/1.1 413 Content Too Large\r\n" + b"".join(
+        name + b": " + value + b"\r\n" for name, value in too_large_headers(path, body)
     )
-    return head + body
+    return head + b"\r\n" + body
 
 
 def declared_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
@@ -233,15 +244,7 @@ async def _send_too_large(
     closing with unread data would reset it, and the reset can lose the 413."""
     body = too_large_body(path, limit)
     await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
+        {"type": "http.response.start", "status": 413, "headers": too_large_headers(path, body)}
     )
     await send({"type": "http.response.body", "body": body, "more_body": more})
     if not more:

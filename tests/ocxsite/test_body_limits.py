@@ -108,6 +108,8 @@ def test_declared_body_over_the_limit_is_refused_from_the_headers(
     assert headers["content-type"] == "application/json"
     error = json.loads(body)["error"]
     message = error["message"] if path.startswith("/v1/") else error
+    # A proxy answer carries its request id, like every other one.
+    assert ("x-ocx-request-id" in headers) is path.startswith("/v1/")
     # No credential presented: /v1 and /api get the unauthenticated limit.
     assert message == f"Request body exceeds {limit} bytes"
 
