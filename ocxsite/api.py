@@ -23,6 +23,9 @@ class ManagementAuth(APIKeyHeader):
 
     param_name = "Authorization"
     openapi_description = "Bearer <management token> (ocxm_…) or a staff session"
+    # Session writes are CSRF-checked (below); this also makes the Swagger UI at /api/docs send
+    # the page's CSRF token with its requests.
+    csrf = True
 
     def __call__(self, request: HttpRequest) -> Any:
         header = request.headers.get("Authorization", "")
