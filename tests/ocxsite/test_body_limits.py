@@ -172,3 +172,38 @@ def test_bodies_within_the_limit_are_served(bounded_server: Server) -> None:
     r = bounded_server.http.post("/v1/responses", json={"model": "x", "input": "hi"})
     assert r.status_code == 401
     assert bounded_server.http.get("/healthz").status_code == 200
+
+
+# --- the limit of a path, in-process ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "headers", "limit"),
+    [
+        (b"/v1/responses", [], 64),
+        (b"/v1/chat/completions?x=1", [(b"X-OCX-Key", b"ocx_abc")], 32_000),
+        (b"/v1/responses", [(b"authorization", b"Bearer sk-not-ours")], 64),
+        (b"/api/keys", [], 64),
+        (b"/api", [(b"Authorization", b"Bearer ocxm_x")], 1_000),
+        (b"/api/keys", [(b"cookie", b"csrftoken=a; sessionid=b")], 1_000),
+        (b"/api/keys", [(b"cookie", b"csrftoken=a")], 64),
+        (b"/healthz", [(b"authorization", b"Bearer ocxm_x")], 1024),
+        (b"/readyz?full=1", [], 1024),
+        (b"/metrics/", [], 1024),
+        (b"/admin/login/", [], 256_000),
+        (b"/apis", [], 256_000),
+    ],
+)
+def test_limit_of_a_path(
+    path: bytes, headers: list[tuple[bytes, bytes]], limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ocxsite import body_limits
+
+    class NoRuntimeYet:
+        def get(self) -> None:
+            return None
+
+    # Before the worker's first /v1 request (no key map yet) any `ocx_…` key counts as known.
+    monkeypatch.setattr(body_limits, "_runtime_module", NoRuntimeYet)
+    limits = body_limits.Limits(proxy=32_000, api=1_000, other=256_000, unauthenticated=64)
+    assert limits.for_request(path, headers) == limit
