@@ -234,6 +234,24 @@ class ProxyApp:
             except ClientGone:
                 exchange.status = 499
                 outcome = "client_cancelled"
+            except RecursionError:
+                # JSON the parser took but nested too deep to walk or re-encode (~900 levels):
+                # bad input, not a failure of ocx (no traceback in the log).
+                log.warning("request %s: body nested too deeply", request_id)
+                outcome = "invalid_json"
+                if not exchange.started:
+                    await exchange.respond(
+                        400,
+                        error_payload(
+                            400, "invalid_request_error", "invalid_json", NESTED_TOO_DEEPLY
+                        ),
+                    )
+                elif exchange.streaming and not exchange.upstream_done:
+                    await exchange.write(
+                        terminal_error_frame(
+                            exchange.protocol, truncation_failure("was interrupted inside ocx")
+                        )
+                    )
             except Exception:
                 # A bug or a state backend failure (Redis down): never a bare 500 and never a
                 # stream that ends as if complete.
@@ -862,6 +880,9 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
             return b"".join(chunks)
 
 
+NESTED_TOO_DEEPLY = "Request body is nested too deeply"
+
+
 def _parse_json(body: bytes) -> dict[str, Any]:
     try:
         text = body.decode("utf-8")
@@ -871,7 +892,9 @@ def _parse_json(body: bytes) -> dict[str, Any]:
         ) from None
     try:
         data = json.loads(text)
-    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+    except RecursionError:
+        raise HTTPFailure(400, "invalid_request_error", "invalid_json", NESTED_TOO_DEEPLY) from None
+    except ValueError:
         raise HTTPFailure(
             400, "invalid_request_error", "invalid_json", "Request body is not valid JSON"
         ) from None

@@ -83,19 +83,37 @@ def test_deeply_nested_json_on_api_is_400(settings: object) -> None:
 # --- against a real server ----------------------------------------------------------------------
 
 
-def test_deeply_nested_json_on_v1_is_400(server: Server) -> None:
-    key = server.create_key()
-    r = server.http.post(
-        "/v1/responses",
-        content=DEEP,
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+def test_deeply_nested_json_on_v1_is_400(server: Server, mock: Mock) -> None:
+    server.put_provider(
+        "deep",
+        {
+            "adapter": "openai-responses",
+            "baseUrl": mock.url + "/v1",
+            "apiKey": "sk-test-deep-aaaaaaaaaaaaaaaaaaaa",
+            "models": {"dm": {"contextWindow": 100000}},
+        },
     )
-    assert r.status_code == 400
-    assert r.json()["error"] == {
-        "type": "invalid_request_error",
-        "code": "invalid_json",
-        "message": "Request body is not valid JSON",
-    }
+    server.put_combo("deepc", {"targets": [{"provider": "deep", "model": "dm"}]})
+    server.wait_synced()
+    key = server.create_key()
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    # Deeper than the parser goes (100k), and shallow enough to parse but not to walk (900).
+    nested = "[" * 900 + "]" * 900
+    bodies = [
+        ("/v1/responses", DEEP),
+        ("/v1/responses", f'{{"model": "combo/deepc", "input": {nested}}}'),
+        ("/v1/responses", f'{{"model": "combo/deepc", "input": "hi", "metadata": {nested}}}'),
+        ("/v1/chat/completions", f'{{"model": "combo/deepc", "messages": {nested}}}'),
+    ]
+    for path, body in bodies:
+        r = server.http.post(path, content=body, headers=headers)
+        assert r.status_code == 400, (path, body[:60], r.text)
+        assert r.json()["error"] == {
+            "type": "invalid_request_error",
+            "code": "invalid_json",
+            "message": "Request body is nested too deeply",
+        }
+    assert mock.log() == []
     assert not any("Traceback" in line for line in server.output)
 
 
