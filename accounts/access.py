@@ -151,10 +151,21 @@ def mgmt_token_create(*, username: str, name: str = "") -> tuple[ManagementToken
     return token, secret
 
 
+def mgmt_token_revoke(*, token_id: int) -> bool:
+    """Revoke one management token; False when there is no unrevoked token `token_id`. The
+    next request with it is refused (tokens are looked up on every request, not cached)."""
+    return bool(
+        ManagementToken.objects.filter(pk=token_id, revoked__isnull=True).update(
+            revoked=timezone.now()
+        )
+    )
+
+
 def mgmt_user_for(secret: str) -> AbstractBaseUser | None:
     """The active staff user owning this management token, or None."""
     bootstrap = settings.OCX_ADMIN_TOKEN
-    if bootstrap and secrets.compare_digest(secret, bootstrap):
+    # Bytes: compare_digest refuses a str with non-ASCII characters (a header may carry any).
+    if bootstrap and secrets.compare_digest(secret.encode(), bootstrap.encode()):
         return _bootstrap_admin()
     if not secret.startswith(MGMT_PREFIX):
         return None

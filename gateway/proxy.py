@@ -47,6 +47,7 @@ from routing.catalog import models_list
 from routing.classify import Failure, classifier_code, classify, redact
 from routing.eligibility import (
     RESOLVED,
+    SKIP_CREDENTIAL,
     Access,
     Quota,
     callers_credential_refused,
@@ -246,6 +247,24 @@ class ProxyApp:
             except ClientGone:
                 exchange.status = 499
                 outcome = "client_cancelled"
+            except RecursionError:
+                # JSON the parser took but nested too deep to walk or re-encode (~900 levels):
+                # bad input, not a failure of ocx (no traceback in the log).
+                log.warning("request %s: body nested too deeply", request_id)
+                outcome = "invalid_json"
+                if not exchange.started:
+                    await exchange.respond(
+                        400,
+                        error_payload(
+                            400, "invalid_request_error", "invalid_json", NESTED_TOO_DEEPLY
+                        ),
+                    )
+                elif exchange.streaming and not exchange.upstream_done:
+                    await exchange.write(
+                        terminal_error_frame(
+                            exchange.protocol, truncation_failure("was interrupted inside ocx")
+                        )
+                    )
             except Exception:
                 # A bug or a state backend failure (Redis down): never a bare 500 and never a
                 # stream that ends as if complete.
@@ -803,11 +822,24 @@ def _record_route(entry: RequestEntry, result: RouteResult) -> None:
         _note_usage(entry, result.usage)
 
 
+def _missing_for_client(target_key: str, why: str) -> str:
+    """A missing credential as the client may read it: the provider, never the name of the
+    server's environment variable (staff see that in `ocx doctor`, the admin and the log)."""
+    if why == f"{SKIP_CREDENTIAL}: caller ChatGPT token":
+        return why  # the caller's own token: the caller can act on it
+    provider = target_key.split("/", 1)[0]
+    return f"{SKIP_CREDENTIAL}: the credential of provider {provider} is not configured"
+
+
 def _finish_route(combo: ComboSpec, result: RouteResult) -> None:
     if result.served is not None:
         return
     if result.unavailable:
-        missing = [why for _, why in result.skipped if why.startswith("credential")]
+        missing = [
+            _missing_for_client(key, why)
+            for key, why in result.skipped
+            if why.startswith("credential")
+        ]
         message = f"No available targets for combo: {combo.id}"
         # Name what is missing when nothing else (only quota) stood in the way (PRODUCT §8.3).
         quota = [why for _, why in result.skipped if why.startswith("quota_")]
@@ -960,6 +992,9 @@ def _encodable(text: str) -> bool:
     return True
 
 
+NESTED_TOO_DEEPLY = "Request body is nested too deeply"
+
+
 def _parse_json(body: bytes) -> dict[str, Any]:
     try:
         text = body.decode("utf-8")
@@ -969,6 +1004,8 @@ def _parse_json(body: bytes) -> dict[str, Any]:
         ) from None
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise HTTPFailure(400, "invalid_request_error", "invalid_json", NESTED_TOO_DEEPLY) from None
     except ValueError:
         raise HTTPFailure(
             400, "invalid_request_error", "invalid_json", "Request body is not valid JSON"

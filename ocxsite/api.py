@@ -13,6 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import APIKeyHeader
+from ninja.utils import check_csrf
 
 from accounts import access
 from providers.errors import ConfigError
@@ -24,6 +25,9 @@ class ManagementAuth(APIKeyHeader):
 
     param_name = "Authorization"
     openapi_description = "Bearer <management token> (ocxm_…) or a staff session"
+    # Session writes are CSRF-checked (below); this also makes the Swagger UI at /api/docs send
+    # the page's CSRF token with its requests.
+    csrf = True
 
     def __call__(self, request: HttpRequest) -> Any:
         header = request.headers.get("Authorization", "")
@@ -42,6 +46,12 @@ class ManagementAuth(APIKeyHeader):
         if user is not None and user.is_authenticated:
             if not user.is_staff:
                 raise HttpError(403, "staff access required")
+            # A session is a cookie the browser sends on its own: writes need Django's CSRF
+            # check (token, Origin/Referer), as the admin's forms do. Bearer calls need none.
+            if check_csrf(request) is not None:
+                raise HttpError(
+                    403, "CSRF check failed: send the csrftoken cookie's value as X-CSRFToken"
+                )
             return user
         return None
 

@@ -12,6 +12,7 @@ class OcxsiteConfig(AppConfig):
 
     def ready(self) -> None:
         from django.conf import settings
+        from django.db.backends.signals import connection_created
         from django.db.models.signals import post_delete, post_save
 
         from accounts.access import keys_changed
@@ -19,6 +20,7 @@ class OcxsiteConfig(AppConfig):
         from combos import live
         from gateway import live as live_loader
         from gateway.runtime import on_versions_committed
+        from ocxsite.datafiles import new_sqlite_private
         from providers.services import versions_committed
         from routing import envpolicy
 
@@ -32,3 +34,4 @@ class OcxsiteConfig(AppConfig):
         envpolicy.configure(
             envpolicy.EnvPolicy.of(settings.OCX_PROVIDER_ENV_DENY, settings.OCX_PROVIDER_ENV_ALLOW)
         )
+        connection_created.connect(new_sqlite_private, dispatch_uid="sqlite-private")

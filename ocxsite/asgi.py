@@ -16,12 +16,28 @@ django_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path  # noqa: E402
 
+from gateway import runtime as proxy_runtime  # noqa: E402
 from gateway.events import EventsConsumer  # noqa: E402
 from gateway.proxy import ProxyApp  # noqa: E402
+from server import body_limits  # noqa: E402
+from server.body_limits import BoundedBody  # noqa: E402
+from usage.requestlog import new_request_id  # noqa: E402
 
 proxy_app = ProxyApp()
+
+
+def _proxy_keys() -> object:
+    # The proxy's own key map, so that the small unauthenticated body limit and the proxy's
+    # 401 agree; None until the worker's first /v1 request loaded it.
+    loaded = proxy_runtime._runtime  # noqa: SLF001 - read only
+    return None if loaded is None or loaded.keys_version < 0 else loaded.keys
+
+
+body_limits.key_map = _proxy_keys  # type: ignore[assignment]
+body_limits.request_id = new_request_id
 
 if os.environ.get("OCX_WORKER"):
     # `ocx serve` raised it already (inherited); a worker started some other way raises its own.
@@ -41,7 +57,12 @@ async def http_router(scope, receive, send):  # type: ignore[no-untyped-def]
 
 application = ProtocolTypeRouter(
     {
-        "http": http_router,
-        "websocket": AuthMiddlewareStack(URLRouter([path("ws/events", EventsConsumer.as_asgi())])),
+        # Bodies above their path's limit are refused before they are read (body_limits).
+        "http": BoundedBody(http_router),
+        # A browser sends the session cookie with any page's WebSocket: only pages of an allowed
+        # host may open one (Origin checked against OCX_ALLOWED_HOSTS; no Origin, no socket).
+        "websocket": AllowedHostsOriginValidator(
+            AuthMiddlewareStack(URLRouter([path("ws/events", EventsConsumer.as_asgi())]))
+        ),
     }
 )

@@ -26,7 +26,7 @@ commands:
   combo list|show|set|remove|mode ...   (also: ocx route combo ...)
   provider list|show|add|set|remove ...   (add NAME --preset openai|anthropic|chatgpt|...)
   key create --user U|list|revoke ID
-  token create --user U                 (management token for a staff user)
+  token create --user U [--name N]|list|revoke ID   (management tokens of staff users)
   user create NAME [--staff] [--password-stdin]|list|deactivate NAME
   doctor [--probe] [--json] [--host H]  (checks the setup; non-zero exit on a failure)
   config load FILE [--replace]|dump

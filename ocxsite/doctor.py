@@ -120,6 +120,32 @@ def check_secret_key() -> Check:
     return Check("secret key", OK, f"generated file {path} (back it up with the database)")
 
 
+def check_permissions() -> Check:
+    """The data directory and a SQLite database readable by other local users: warn (ocx creates
+    them 0700 and 0600; older ones, or ones made by hand, may be wider)."""
+    paths = [Path(settings.OCX_DATA_DIR)]
+    if _is_sqlite() and not _sqlite_missing():
+        name = Path(str(connection.settings_dict["NAME"]))
+        paths += [name, *(name.with_name(name.name + s) for s in ("-wal", "-shm"))]
+    paths.append(Path(settings.OCX_DATA_DIR) / "secret.key")
+    wide = []
+    for path in paths:
+        try:
+            mode = path.stat().st_mode & 0o777
+        except OSError:
+            continue
+        if mode & 0o077:
+            wide.append(f"{path} ({mode:o})")
+    if wide:
+        return Check(
+            "permissions",
+            WARN,
+            "readable by other users: " + ", ".join(wide) + " (chmod 700 the directory, "
+            "600 the files)",
+        )
+    return Check("permissions", OK, "data directory 700, database and secret key 600")
+
+
 def check_redis() -> Check:
     url = settings.OCX_REDIS_URL
     if not url:
@@ -310,6 +336,7 @@ def run_checks(*, host: str) -> list[Check]:
     checks = [
         check_migrations(),
         check_secret_key(),
+        check_permissions(),
         check_redis(),
         check_bind(host),
         check_open_files(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -64,7 +65,8 @@ def env_names(name: str) -> list[str]:
 def _data_dir() -> Path:
     path = data_dir_path()
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        # 0700: it holds the database and the secret key (an existing one: `ocx doctor` warns).
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise ImproperlyConfigured(f"OCX_DATA_DIR {str(path)!r} is not usable: {exc}") from None
     return path
@@ -99,6 +101,9 @@ def _database(data_dir: Path) -> dict[str, object]:
     # Under ASGI connections are per thread; persistent ones would leak (Django docs).
     config["CONN_MAX_AGE"] = 0
     if scheme == "sqlite":
+        from ocxsite.datafiles import note_new_sqlite
+
+        note_new_sqlite(str(config["NAME"]))  # made 0600 once created (ocxsite.datafiles)
         # IMMEDIATE: a write transaction takes the lock up front instead of failing with
         # "database is locked" when the request-log writer and an API write overlap.
         config["OPTIONS"] = {
@@ -149,6 +154,10 @@ if OCX_ADMIN_TOKEN is not None and len(OCX_ADMIN_TOKEN) < 16:
 OCX_CONFIG_POLL_MS = env_int("OCX_CONFIG_POLL_MS", 500, minimum=50)
 OCX_PROXY_MAX_BODY = env_int("OCX_PROXY_MAX_BODY", 32 * 1024 * 1024, minimum=1024)
 OCX_API_MAX_BODY = env_int("OCX_API_MAX_BODY", 1024 * 1024, minimum=1024)
+# Every other path (the admin's forms, …); /healthz, /readyz, /metrics take 1 KiB (body_limits).
+OCX_OTHER_MAX_BODY = env_int("OCX_OTHER_MAX_BODY", 256 * 1024, minimum=1024)
+# /v1 and /api requests that present no credential at all: their answer is a 401 anyway.
+OCX_UNAUTH_MAX_BODY = env_int("OCX_UNAUTH_MAX_BODY", 64 * 1024, minimum=1024)
 OCX_STATE_KEY_PREFIX = os.environ.get("OCX_STATE_KEY_PREFIX", "ocx")
 # Redis calls on the request path give up after this; then the worker routes on its own state.
 OCX_REDIS_TIMEOUT_MS = env_int("OCX_REDIS_TIMEOUT_MS", 50, minimum=1)
@@ -167,6 +176,14 @@ OCX_TIME_ZONE = _time_zone()
 OCX_UPSTREAM_MAX_CONNECTIONS = env_int("OCX_UPSTREAM_MAX_CONNECTIONS", 1024, minimum=1)
 # Idle keep-alive connections kept per provider origin per worker.
 OCX_UPSTREAM_MAX_KEEPALIVE = env_int("OCX_UPSTREAM_MAX_KEEPALIVE", 64, minimum=0)
+# Deployments behind TLS (docs/deployment.md "Security"): cookies only over HTTPS, HSTS, a CSP.
+OCX_SECURE_COOKIES = env_bool("OCX_SECURE_COOKIES", False)
+OCX_HSTS_SECONDS = env_int("OCX_HSTS_SECONDS", 0)
+OCX_CSP = os.environ.get("OCX_CSP", "").strip() or None
+# Admin login throttling (django-axes): this many failed logins lock the user name, and the
+# address, for OCX_LOGIN_LOCKOUT_MINUTES; 0 switches the throttling off.
+OCX_LOGIN_FAILURE_LIMIT = env_int("OCX_LOGIN_FAILURE_LIMIT", 5)
+OCX_LOGIN_LOCKOUT_MINUTES = env_int("OCX_LOGIN_LOCKOUT_MINUTES", 15, minimum=1)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -183,6 +200,7 @@ INSTALLED_APPS = [
     "dashboard",
     "accounts",
     "ninja",  # Swagger UI / ReDoc served from our own static files (no CDN)
+    "axes",  # admin login throttling
     "ocxsite",
 ]
 
@@ -197,7 +215,42 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "ocxsite.security_headers.content_security_policy",
+    # Last, as django-axes asks: turns a locked-out login into its lockout answer.
+    "axes.middleware.AxesMiddleware",
 ]
+
+AUTHENTICATION_BACKENDS = [
+    # First: refuses a locked-out user name or address before the password is checked.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_ENABLED = OCX_LOGIN_FAILURE_LIMIT > 0
+AXES_FAILURE_LIMIT = max(OCX_LOGIN_FAILURE_LIMIT, 1)
+AXES_COOLOFF_TIME = timedelta(minutes=OCX_LOGIN_LOCKOUT_MINUTES)
+# Per user name and, separately, per address: either one reaching the limit locks.
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "ocx/lockout.html"
+# Failed attempts are kept (they are the count); no row per successful login.
+AXES_DISABLE_ACCESS_LOG = True
+AXES_VERBOSE = False
+
+# Every path that sets a password (the admin's user forms, `ocx user create`) checks these.
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": 10},
+    },
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+SESSION_COOKIE_SECURE = OCX_SECURE_COOKIES
+CSRF_COOKIE_SECURE = OCX_SECURE_COOKIES
+# SecurityMiddleware sends it on HTTPS requests (X-Forwarded-Proto from the reverse proxy).
+SECURE_HSTS_SECONDS = OCX_HSTS_SECONDS
 
 ROOT_URLCONF = "ocxsite.urls"
 ASGI_APPLICATION = "ocxsite.asgi.application"
@@ -258,4 +311,6 @@ LOGGING = {
         }
     },
     "root": {"handlers": ["console"], "level": os.environ.get("OCX_LOG_LEVEL", "INFO")},
+    # django-axes logs every login at INFO; its warnings (failures, lockouts) stay.
+    "loggers": {"axes": {"level": "WARNING"}},
 }

@@ -10,6 +10,12 @@ Twisted also parses the Content-Type of every POST with the `email` package, to 
 submissions into `request.args`; Daphne hands the raw body to the ASGI app and never reads
 `args`, so that parsing (a few per cent of a request's CPU) is switched off, and so is the
 access-log line Twisted formats for a log Daphne discards.
+
+Twisted writes a request's whole body to memory or a temp file before Daphne runs the ASGI
+application, so the body limits of `server.body_limits` are checked here, in Twisted's
+parsing: a declared Content-Length above the path's limit is answered 413 once the headers are
+in, and a chunked body once its running size passes the limit; the connection is then closed
+and nothing more of it is read.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from server import lifecycle
+from server import body_limits, lifecycle
 
 
 class _WampSession:
@@ -97,6 +103,81 @@ def _process_with_codex_headers(self: Any) -> Any:
 def _init_without_form_parsing(self: Any, *args: Any, **kwargs: Any) -> None:
     _init(self, *args, **kwargs)
     self._parsePOSTFormSubmission = False
+    self.ocx_body_limit = None  # set once the headers are in (_all_headers_bounded)
+    self.ocx_body_received = 0
+
+
+_all_headers_received = http.HTTPChannel.allHeadersReceived
+_handle_content_chunk = http_protocol.WebRequest.handleContentChunk
+
+
+def _ignore(*args: object) -> None:
+    """What a refused connection does with whatever else arrives on it."""
+
+
+def _refuse(channel: Any, path: bytes, limit: int) -> None:
+    """Answer 413 and close, lingering: a connection closed with unread data is reset, and the
+    reset can destroy the answer before the client reads it. So the write side is closed
+    first and what the client still sends is read and dropped (never parsed or kept) for at
+    most `body_limits.LINGER_S` or `LINGER_BYTES`, whichever comes first."""
+    transport = channel.transport
+    transport.write(body_limits.too_large_response(path, limit))
+    channel.persistent = False
+    channel.setTimeout(None)
+    # The body (and anything after it) is dropped unparsed; the request is never processed.
+    dropped = 0
+
+    def drop(data: bytes) -> None:
+        nonlocal dropped
+        dropped += len(data)
+        if dropped > body_limits.LINGER_BYTES:
+            transport.abortConnection()
+
+    channel.dataReceived = drop
+    channel.lineReceived = _ignore
+    channel.rawDataReceived = _ignore
+    channel.allContentReceived = _ignore
+    channel._buffer = b""  # noqa: SLF001
+
+    def end_lingering() -> None:
+        if not transport.disconnected:
+            transport.abortConnection()
+
+    if hasattr(transport, "loseWriteConnection"):
+        transport.loseWriteConnection()
+        channel.callLater(body_limits.LINGER_S, end_lingering)  # the reactor's, or a test clock
+    else:
+        channel.loseConnection()
+
+
+def _all_headers_bounded(self: Any) -> None:
+    request = self.requests[-1]
+    path: bytes = self._path  # noqa: SLF001
+    headers = [
+        (name, value)
+        for name, values in request.requestHeaders.getAllRawHeaders()
+        for value in values
+    ]
+    limit = body_limits.limits().for_request(path, headers)
+    if self.length is not None and self.length > limit:
+        _refuse(self, path, limit)  # before `gotLength`: no buffer, no 100 Continue
+        return
+    request.ocx_body_limit = limit
+    request.ocx_body_path = path
+    _all_headers_received(self)
+
+
+def _content_chunk_bounded(self: Any, data: bytes) -> None:
+    limit = self.ocx_body_limit
+    if limit is None:
+        return  # refused already: the rest of the body is dropped
+    self.ocx_body_received += len(data)
+    if self.ocx_body_received > limit:
+        # A chunked body (a declared length was checked with the headers) past its limit.
+        self.ocx_body_limit = None
+        _refuse(self.channel, self.ocx_body_path, limit)
+        return
+    _handle_content_chunk(self, data)
 
 
 def _no_twisted_access_log(self: Any, request: Any) -> None:
@@ -141,6 +222,9 @@ def install() -> None:
     http_protocol.WebRequest.process = _process_with_codex_headers  # type: ignore[method-assign]
     http_protocol.WebRequest.__init__ = _init_without_form_parsing  # type: ignore[method-assign]
     http_protocol.HTTPFactory.log = _no_twisted_access_log  # type: ignore[method-assign]
+    http.HTTPChannel.allHeadersReceived = _all_headers_bounded  # type: ignore[method-assign]
+    body_limits.checked_by_server = True
+    http_protocol.WebRequest.handleContentChunk = _content_chunk_bounded  # type: ignore[method-assign]
     Server.create_application = _create_application_reaped  # type: ignore[method-assign]
 
 

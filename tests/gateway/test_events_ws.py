@@ -48,9 +48,37 @@ def user_cookie() -> bytes:
     return session_cookie(staff=False)
 
 
-def communicator(cookie: bytes | None = None) -> WebsocketCommunicator:
+def communicator(
+    cookie: bytes | None = None, origin: bytes | None = b"http://testserver"
+) -> WebsocketCommunicator:
+    """A connection to /ws/events from a page of `origin` (a browser always sends one)."""
     headers = [(b"cookie", cookie)] if cookie else []
+    if origin is not None:
+        headers.append((b"origin", origin))
     return WebsocketCommunicator(application, "/ws/events", headers=headers)
+
+
+@pytest.mark.parametrize(
+    "origin", [b"http://evil.example", b"https://testserver.evil.example", b"null", None]
+)
+async def test_foreign_or_missing_origin_is_refused(
+    staff_cookie: bytes, origin: bytes | None
+) -> None:
+    ws = communicator(staff_cookie, origin=origin)
+    connected, code = await ws.connect()
+    assert connected is False
+    assert code == 1000  # Channels' origin validator closes before the consumer runs
+    await ws.disconnect()
+
+
+@pytest.mark.parametrize(
+    "origin", [b"http://testserver", b"http://localhost:8787", b"https://127.0.0.1"]
+)
+async def test_allowed_host_origin_is_accepted(staff_cookie: bytes, origin: bytes) -> None:
+    ws = communicator(staff_cookie, origin=origin)
+    connected, _ = await ws.connect()
+    assert connected is True
+    await ws.disconnect()
 
 
 async def receive_matching(

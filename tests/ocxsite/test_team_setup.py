@@ -51,10 +51,12 @@ def test_user_create_staff_from_stdin_can_log_in(
     assert out == "Created staff user (admin login at /admin/) alice.\n"
     user = get_user_model().objects.get(username="alice")
     assert user.is_staff and user.is_active and user.check_password(PASSWORD)
+    from django.http import HttpRequest
     from django.test import Client
 
     client = Client()
-    assert client.login(username="alice", password=PASSWORD)
+    # django-axes' backend needs the request of a login (its address); Client.login has none.
+    assert client.login(request=HttpRequest(), username="alice", password=PASSWORD)
     assert client.get("/admin/").status_code == 200
     assert client.get("/admin/providers/provider/").status_code == 200  # not an empty admin
 

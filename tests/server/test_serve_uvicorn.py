@@ -203,14 +203,19 @@ def test_events_websocket_under_uvicorn(server: Server, mock: Mock) -> None:
 
     ws_url = server.url.replace("http://", "ws://") + "/ws/events"
     with pytest.raises(InvalidStatus):  # anonymous: the consumer closes before accepting
-        with connect(ws_url, open_timeout=10):
+        with connect(ws_url, origin=server.url, open_timeout=10):  # type: ignore[arg-type]
             pass
 
     browser = staff_session(server)
     cookie = f"sessionid={browser.cookies['sessionid']}"
     combo_id, key = setup_combo(server, mock, ["m-uv-a", "m-uv-b"])
     mock.script("m-uv-a", [{"status": 429, "headers": {"Retry-After": "30"}}])
-    with connect(ws_url, additional_headers={"Cookie": cookie}, open_timeout=10) as ws:
+    with connect(
+        ws_url,
+        origin=server.url,  # type: ignore[arg-type]
+        additional_headers={"Cookie": cookie},
+        open_timeout=10,
+    ) as ws:
         body = {"model": f"combo/{combo_id}", "input": "hi", "stream": False}
         r = server.http.post("/v1/responses", json=body, headers=auth(key))
         assert r.status_code == 200, r.text

@@ -1,4 +1,4 @@
-"""`ocx token create --user U`: a management API token (`ocxm_…`) for a staff user."""
+"""`ocx token create --user U | list | revoke ID`: management API tokens (`ocxm_…`)."""
 
 from __future__ import annotations
 
@@ -8,22 +8,34 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from accounts import access
+from accounts.models import ManagementToken
 from providers.management.base import ExamplesCommand
 
 USAGE = """\
-ocx token create --user USER
+ocx token create --user USER [--name NAME]
+       ocx token list
+       ocx token revoke ID
 """
 EPILOG = """\
 A management token (ocxm_...) authorises /api/* as that user; the user is made staff.
+`list` shows each token's id, prefix, user, name, creation and state (never the token);
+`revoke` refuses the token from the next request on.
 
 examples:
-  ocx token create --user alice
+  ocx token create --user alice --name laptop
   curl -H "Authorization: Bearer ocxm_..." http://127.0.0.1:8787/api/combos
+  ocx token list
+  ocx token revoke 2
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise CommandError(message)
+
+
 class Command(ExamplesCommand):
-    help = "Create a management token for a staff user (the user is made staff)."
+    help = "Create, list and revoke management tokens (a token's user is made staff)."
 
     usage_line = USAGE
     examples = EPILOG
@@ -33,8 +45,32 @@ class Command(ExamplesCommand):
 
     def handle(self, *args: str, **options: Any) -> None:
         argv = list(args)
-        if len(argv) != 3 or argv[0] != "create" or argv[1] != "--user" or not argv[2]:
-            raise CommandError("usage: ocx token create --user U")
-        _, secret = access.mgmt_token_create(username=argv[2])
-        self.stdout.write("Management token (shown only once):")
-        self.stdout.write(secret)
+        sub, rest = (argv[0], argv[1:]) if argv else ("", [])
+        if sub == "create":
+            p = _Parser(prog="ocx token create", add_help=False)
+            p.add_argument("--user", required=True)
+            p.add_argument("--name", default="")
+            ns = p.parse_args(rest)
+            if not ns.user:
+                raise CommandError("usage: ocx token create --user U")
+            token, secret = access.mgmt_token_create(username=ns.user, name=ns.name)
+            self.stdout.write(f"Created management token {token.pk} for {ns.user}.")
+            self.stdout.write("Management token (shown only once):")
+            self.stdout.write(secret)
+        elif sub == "list":
+            if rest:
+                raise CommandError("usage: ocx token list")
+            for t in ManagementToken.objects.select_related("user"):
+                state = f"revoked {t.revoked:%Y-%m-%d %H:%M}" if t.revoked else "active"
+                self.stdout.write(
+                    f"{t.pk}  {t.prefix}…  {t.user.get_username()}  {t.name}  "
+                    f"created {t.created:%Y-%m-%d %H:%M}  {state}"
+                )
+        elif sub == "revoke":
+            if len(rest) != 1 or not rest[0].isdigit():
+                raise CommandError("usage: ocx token revoke ID")
+            if not access.mgmt_token_revoke(token_id=int(rest[0])):
+                raise CommandError(f"no active management token {rest[0]}")
+            self.stdout.write(f"Revoked management token {rest[0]}.")
+        else:
+            raise CommandError("usage: ocx token create --user U | list | revoke ID")

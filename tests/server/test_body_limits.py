@@ -1,0 +1,205 @@
+"""Bodies bounded before they are read (issue #26 point 1), against real `ocx serve` processes
+with Daphne (the default) and with uvicorn.
+
+Each request declares 300 MiB (or streams a chunked body) and the test sends only what the
+server must read to answer: the headers (or a few chunks). A server that waited for the body
+would never answer; one that answered after reading it would have needed the 300 MiB.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import Server, start_server
+
+HAVE_UVICORN = importlib.util.find_spec("uvicorn") is not None
+DECLARED = 300 * 1024 * 1024
+PROXY_LIMIT = 256 * 1024
+
+
+@pytest.fixture(scope="module", params=["daphne", "uvicorn"])
+def bounded_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    if request.param == "uvicorn" and not HAVE_UVICORN:
+        pytest.skip("uvicorn is not installed")
+    server, stop = start_server(
+        tmp_path_factory.mktemp(f"ocx-bounded-{request.param}"),
+        server_args=["--server", request.param],
+        extra_env={"OCX_PROXY_MAX_BODY": str(PROXY_LIMIT)},
+    )
+    try:
+        yield server
+    finally:
+        stop()
+
+
+def _connect(server: Server) -> socket.socket:
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    return sock
+
+
+def _head(path: str, framing: str, extra: dict[str, str] | None = None) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json", framing]
+    lines += [f"{name}: {value}" for name, value in (extra or {}).items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def _answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """One response: its head, then `Content-Length` bytes of body (the server closes the
+    connection after it, having said `Connection: close`; the tests check that header)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed before an answer: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode().split("\r\n")
+    headers = {}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    while len(body) < int(headers["content-length"]):
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed in the body"
+        body += chunk
+    return int(status_line.split()[1]), headers, body
+
+
+def declared(
+    server: Server, path: str, extra: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    with _connect(server) as sock:
+        sock.sendall(_head(path, f"Content-Length: {DECLARED}", extra))
+        return _answer(sock)
+
+
+def chunked(
+    server: Server, path: str, chunks: int, extra: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """A chunked body of `chunks` 64 KiB chunks, never terminated: only a refusal answers it."""
+    with _connect(server) as sock:
+        sock.sendall(_head(path, "Transfer-Encoding: chunked", extra))
+        piece = b"10000\r\n" + b"[" * 0x10000 + b"\r\n"
+        try:
+            for _ in range(chunks):
+                sock.sendall(piece)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused mid-body: the answer was sent before the connection closed
+        return _answer(sock)
+
+
+@pytest.mark.parametrize(
+    ("path", "limit"),
+    [("/v1/responses", 64 * 1024), ("/api/keys", 64 * 1024), ("/healthz", 1024)],
+)
+def test_declared_body_over_the_limit_is_refused_from_the_headers(
+    bounded_server: Server, path: str, limit: int
+) -> None:
+    status, headers, body = declared(bounded_server, path)
+    assert status == 413
+    assert headers["connection"] == "close"
+    assert headers["content-type"] == "application/json"
+    error = json.loads(body)["error"]
+    message = error["message"] if path.startswith("/v1/") else error
+    # A proxy answer carries its request id, like every other one.
+    assert ("x-ocx-request-id" in headers) is path.startswith("/v1/")
+    # No credential presented: /v1 and /api get the unauthenticated limit.
+    assert message == f"Request body exceeds {limit} bytes"
+
+
+def test_a_known_client_key_raises_the_proxy_limit(bounded_server: Server) -> None:
+    key = bounded_server.create_key()  # also loads the worker's key map
+    status, _, body = declared(bounded_server, "/v1/responses", {"Authorization": f"Bearer {key}"})
+    assert status == 413
+    assert json.loads(body)["error"] == {
+        "type": "invalid_request_error",
+        "code": "request_too_large",
+        "message": f"Request body exceeds {PROXY_LIMIT} bytes",
+    }
+    # x-ocx-key (a chatgpt caller's own token in the bearer) counts the same.
+    status, _, body = declared(
+        bounded_server, "/v1/responses", {"x-ocx-key": key, "Authorization": "Bearer eyJ-chatgpt"}
+    )
+    assert json.loads(body)["error"]["message"] == f"Request body exceeds {PROXY_LIMIT} bytes"
+    # A key of the right shape that the worker does not know: the unauthenticated limit.
+    for headers in ({"Authorization": "Bearer ocx_" + "x" * 43}, {"Authorization": "Bearer eyJ"}):
+        status, _, body = declared(bounded_server, "/v1/responses", headers)
+        assert status == 413
+        assert json.loads(body)["error"]["message"] == f"Request body exceeds {64 * 1024} bytes"
+
+
+def test_a_presented_credential_raises_the_api_limit(bounded_server: Server) -> None:
+    # Management tokens are checked in the database, later: presenting one is enough here.
+    status, _, body = declared(
+        bounded_server, "/api/keys", {"Authorization": "Bearer ocxm_not-checked-yet"}
+    )
+    assert status == 413
+    assert json.loads(body) == {"error": f"Request body exceeds {1024 * 1024} bytes"}
+
+
+@pytest.mark.parametrize(("path", "limit"), [("/api/keys", 64 * 1024), ("/healthz", 1024)])
+def test_chunked_body_is_refused_once_past_the_limit(
+    bounded_server: Server, path: str, limit: int
+) -> None:
+    # 40 chunks = 2.5 MiB, far past either limit; the body never ends.
+    status, headers, body = chunked(bounded_server, path, 40)
+    assert status == 413
+    assert headers["connection"] == "close"
+    assert json.loads(body) == {"error": f"Request body exceeds {limit} bytes"}
+
+
+def test_chunked_proxy_body_of_a_valid_key_is_refused_past_the_proxy_limit(
+    bounded_server: Server,
+) -> None:
+    key = bounded_server.create_key()
+    status, _, body = chunked(
+        bounded_server, "/v1/responses", 40, {"Authorization": f"Bearer {key}"}
+    )
+    assert status == 413
+    assert json.loads(body)["error"]["message"] == f"Request body exceeds {PROXY_LIMIT} bytes"
+
+
+def test_bodies_within_the_limit_are_served(bounded_server: Server) -> None:
+    r = bounded_server.api.post("/api/keys", json={"user": "bounded"})
+    assert r.status_code == 201, r.text
+    r = bounded_server.http.post("/v1/responses", json={"model": "x", "input": "hi"})
+    assert r.status_code == 401
+    assert bounded_server.http.get("/healthz").status_code == 200
+
+
+# --- the limit of a path, in-process ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "headers", "limit"),
+    [
+        (b"/v1/responses", [], 64),
+        (b"/v1/chat/completions?x=1", [(b"X-OCX-Key", b"ocx_abc")], 32_000),
+        (b"/v1/responses", [(b"authorization", b"Bearer sk-not-ours")], 64),
+        (b"/api/keys", [], 64),
+        (b"/api", [(b"Authorization", b"Bearer ocxm_x")], 1_000),
+        (b"/api/keys", [(b"cookie", b"csrftoken=a; sessionid=b")], 1_000),
+        (b"/api/keys", [(b"cookie", b"csrftoken=a")], 64),
+        (b"/healthz", [(b"authorization", b"Bearer ocxm_x")], 1024),
+        (b"/readyz?full=1", [], 1024),
+        (b"/metrics/", [], 1024),
+        (b"/admin/login/", [], 256_000),
+        (b"/apis", [], 256_000),
+    ],
+)
+def test_limit_of_a_path(
+    path: bytes, headers: list[tuple[bytes, bytes]], limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from server import body_limits
+
+    # Before the worker's first /v1 request (no key map yet) any `ocx_…` key counts as known.
+    monkeypatch.setattr(body_limits, "key_map", lambda: None)
+    limits = body_limits.Limits(proxy=32_000, api=1_000, other=256_000, unauthenticated=64)
+    assert limits.for_request(path, headers) == limit
