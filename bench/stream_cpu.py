@@ -44,7 +44,9 @@ def start_from(root: Path, name: str, mock_base: str) -> run.Target:
         run.ROOT = saved
 
 
-def one_run(t: run.Target, client: str, upstream: str, streams: int, events: int) -> dict[str, Any]:
+def one_run(
+    t: run.Target, client: str, upstream: str, streams: int, events: int, profile: str | None
+) -> dict[str, Any]:
     cmd = [
         run.PY,
         str(run.BENCH / "stream_client.py"),
@@ -67,7 +69,19 @@ def one_run(t: run.Target, client: str, upstream: str, streams: int, events: int
         cmd += ["--key", t.key]
     workers = t.workers()
     c0 = run.cpu_seconds(workers)
+    spy = None
+    if profile:
+        # py-spy (pip install py-spy): collapsed stacks of the worker while it streams.
+        spy = subprocess.Popen(
+            ["py-spy", "record", "-p", str(workers[0]), "-f", "raw", "-r", "200"]
+            + ["-o", f"{profile}-{t.name}-{client}-{upstream}.txt"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(timeout=30)
     c1 = run.cpu_seconds(workers)
     try:
         r = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -94,6 +108,7 @@ def main() -> None:
     p.add_argument("--pairs", default="responses:responses,chat:chat,responses:chat")
     p.add_argument("--a", default=None, help="checkout A to compare with this one (B)")
     p.add_argument("--out", default=None)
+    p.add_argument("--profile", default=None, help="py-spy each run (first round) to PREFIX-*.txt")
     args = p.parse_args()
     atexit.register(run.cleanup)
     signal.signal(signal.SIGTERM, run._on_signal)  # noqa: SLF001
@@ -112,7 +127,8 @@ def main() -> None:
         for client, upstream in pairs:
             pair = f"{client}:{upstream}"
             for t in order:
-                r = one_run(t, client, upstream, args.streams, args.events)
+                prof = args.profile if rnd == 0 else None
+                r = one_run(t, client, upstream, args.streams, args.events, prof)
                 results.setdefault(pair, {}).setdefault(t.name, []).append(r)
                 run.log(f"round {rnd} {pair:20s} {t.name}: {r}")
     summary: dict[str, dict[str, Any]] = {}
