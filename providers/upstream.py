@@ -615,6 +615,8 @@ async def _stream(
     translator, preamble = _stream_translator(
         inbound, upstream, target.model, caller.request_id, custom_tools, include_usage
     )
+    if translator is None:
+        scanner.forward_raw()
     # Pass-through Chat: the usage chunk ocx asked for is not shown to a client that did not.
     drop_usage = translator is None and upstream == "chat" and not include_usage
     pending: list[bytes] = [preamble] if preamble else []
