@@ -1,0 +1,113 @@
+"""`upstream._stream` writes what one upstream read brings as one write to the client, passed
+through (frames forwarded as received) or translated, and still reads usage and terminals."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from combos.engine.types import TargetSpec
+from providers import upstream
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def cdelta(i: int) -> bytes:
+    choice = {"index": 0, "delta": {"content": f"w{i} "}, "finish_reason": None}
+    return f"data: {dumps({'id': 'c', 'choices': [choice]})}\n\n".encode()
+
+
+FINISH = b'data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+USAGE = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":7}}\n\n'
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    async def commit(self, status: int, headers: list[tuple[bytes, bytes]], target: Any) -> None:
+        pass
+
+    async def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+
+class Chunks(httpx.AsyncByteStream):
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self.chunks:
+            yield chunk
+
+
+def stream(chunks: list[bytes], inbound: str) -> tuple[Any, Sink]:
+    sink = Sink()
+
+    async def go() -> Any:
+        resp = httpx.Response(200, stream=Chunks(chunks))
+        return await upstream._stream(
+            resp,
+            inbound,  # type: ignore[arg-type]
+            "chat",
+            TargetSpec("p", "m"),
+            sink,
+            upstream.Caller({}, "req1"),
+            5000,
+            5000,
+            declared=frozenset(),
+        )
+
+    return asyncio.run(go()), sink
+
+
+# Each chunk after the first holds several frames, one split across two chunks.
+BODY = b"".join(cdelta(i) for i in range(9)) + FINISH + USAGE + b"data: [DONE]\n\n"
+CHUNKS = [cdelta(0), cdelta(1) + cdelta(2) + cdelta(3)[:20], cdelta(3)[20:] + cdelta(4) + cdelta(5)]
+CHUNKS += [
+    b"".join(cdelta(i) for i in range(6, 9)) + FINISH,
+    USAGE[:-2],
+    USAGE[-2:] + b"data: [DONE]\n\n",
+]
+
+
+def test_a_pass_through_stream_is_one_write_per_upstream_read_and_keeps_its_usage() -> None:
+    assert b"".join(CHUNKS) == BODY
+    outcome, sink = stream(CHUNKS, "chat")
+    assert outcome.committed and outcome.failure is None
+    assert (outcome.usage.input, outcome.usage.output) == (3, 7)
+    assert b"".join(sink.writes) == BODY
+    # One write per read; the read that ends inside the usage frame has nothing whole to send.
+    assert sink.writes == [
+        CHUNKS[0],
+        cdelta(1) + cdelta(2),
+        cdelta(3) + cdelta(4) + cdelta(5),
+        CHUNKS[3],
+        USAGE + b"data: [DONE]\n\n",
+    ]
+
+
+def test_a_translated_stream_is_one_write_per_upstream_read() -> None:
+    outcome, sink = stream(CHUNKS, "responses")
+    assert outcome.committed and outcome.failure is None
+    assert (outcome.usage.input, outcome.usage.output) == (3, 7)
+    # The preamble and first output at commit, then one write per read with whole frames, and
+    # the closing events.
+    assert len(sink.writes) == 1 + 3 + 1 + 1
+    text = b"".join(sink.writes).decode()
+    assert text.count("response.output_text.delta") == 9 * 2  # event line + type field
+    assert text.rstrip().endswith("}") and "response.completed" in text
+
+
+def test_an_error_after_commit_ends_the_pass_through_with_it() -> None:
+    error = b'data: {"error":{"type":"server_error","code":"server_error","message":"boom"}}\n\n'
+    outcome, sink = stream([cdelta(0), cdelta(1) + error], "chat")
+    assert outcome.committed and outcome.failure is not None
+    assert outcome.failure.status == 500
+    assert sink.writes == [cdelta(0), cdelta(1) + error]  # forwarded as received, no [DONE]
