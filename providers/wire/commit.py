@@ -116,7 +116,8 @@ class StreamFailure:
 @dataclass(frozen=True, slots=True)
 class Decision:
     """The scanner's answer for one chunk: the phase after it, why, the failure (FAILED only),
-    and the frames parsed from the chunk (for callers that translate rather than pass through)."""
+    and the frames completed by the chunk (for callers that translate rather than pass through;
+    after `forward_raw()`, a run of plain output frames is one data-less frame)."""
 
     phase: Phase
     reason: str
