@@ -111,3 +111,68 @@ def test_an_error_after_commit_ends_the_pass_through_with_it() -> None:
     assert outcome.committed and outcome.failure is not None
     assert outcome.failure.status == 500
     assert sink.writes == [cdelta(0), cdelta(1) + error]  # forwarded as received, no [DONE]
+
+
+class Handle:
+    def cancel(self) -> None:
+        pass
+
+
+class FakeLoop:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.timers: list[tuple[float, Any]] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: Any) -> Any:
+        self.timers.append((when, callback))
+        return Handle()
+
+
+class FakeTask:
+    def __init__(self) -> None:
+        self.cancels = 0
+
+    def cancel(self) -> None:
+        self.cancels += 1
+
+
+def fire(loop: FakeLoop) -> None:
+    when, callback = loop.timers.pop(0)
+    loop.now = max(loop.now, when)
+    callback()
+
+
+def test_the_read_timer_arms_once_and_moves_lazily() -> None:
+    loop, task = FakeLoop(), FakeTask()
+    timer = upstream._ReadTimer(loop, task)  # type: ignore[arg-type]
+    timer.start(5.0)  # first byte within 5 s
+    assert [w for w, _ in loop.timers] == [5.0]
+    for t in (1.0, 2.0, 3.0):  # three chunks, each within the idle bound: no new timer
+        timer.waiting = False
+        loop.now = t
+        timer.start(2.0)
+    assert len(loop.timers) == 1
+    fire(loop)  # due at 5.0: the last read started at 3.0, so it is not late until 5.0
+    assert task.cancels == 1 and timer.fired
+
+
+def test_the_read_timer_re_arms_when_it_fires_early_and_sleeps_between_reads() -> None:
+    loop, task = FakeLoop(), FakeTask()
+    timer = upstream._ReadTimer(loop, task)  # type: ignore[arg-type]
+    timer.start(1.0)
+    timer.waiting = False
+    loop.now = 0.9
+    timer.start(1.0)  # due 1.9 now
+    fire(loop)  # at 1.0: early, re-armed at 1.9
+    assert task.cancels == 0 and [w for w, _ in loop.timers] == [1.9]
+    timer.waiting = False  # the consumer is busy with a chunk: its time does not count
+    fire(loop)
+    assert task.cancels == 0 and loop.timers == []
+    loop.now = 10.0
+    timer.start(1.0)  # the next read arms it again
+    assert [w for w, _ in loop.timers] == [11.0]
+    timer.close()
+    assert task.cancels == 0 and not timer.fired
