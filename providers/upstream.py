@@ -641,18 +641,71 @@ def _scan_usage(events: tuple[SSEEvent, ...], usage: Usage | None) -> Usage | No
     return usage
 
 
+class _ReadTimer:
+    """The first-byte and idle timeouts of one stream's reads, with one timer that moves lazily.
+
+    `asyncio.timeout` around every read armed and cancelled a timer per chunk (a heap push and
+    a cancelled handle per streamed event). Here a read only records its deadline; the timer,
+    armed when a read starts and none is pending, re-arms itself at the later deadline when it
+    fires early, and cancels the task only while a read is still waiting past its deadline."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
+        self._loop = loop
+        self._task = task
+        self._handle: asyncio.TimerHandle | None = None
+        self._due = 0.0
+        self.waiting = False
+        self.fired = False
+
+    def start(self, seconds: float) -> None:
+        self.waiting = True
+        self._due = self._loop.time() + seconds
+        if self._handle is None:
+            self._handle = self._loop.call_at(self._due, self._check)
+
+    def _check(self) -> None:
+        self._handle = None
+        if not self.waiting:
+            return  # the next read arms it again
+        if self._loop.time() < self._due:
+            self._handle = self._loop.call_at(self._due, self._check)
+            return
+        self.fired = True
+        self._task.cancel()
+
+    def close(self) -> None:
+        self.waiting = False
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
 async def _chunks(resp: httpx.Response, first_ms: int, idle_ms: int) -> AsyncIterator[bytes]:
+    """The body's chunks; TimeoutError when the first takes over `first_ms` or a later one over
+    `idle_ms` (time spent by the consumer between reads does not count)."""
     it = resp.aiter_raw().__aiter__()
+    task = asyncio.current_task()
+    assert task is not None
+    timer = _ReadTimer(asyncio.get_running_loop(), task)
     limit = first_ms / 1000
-    while True:
-        async with asyncio.timeout(limit):
+    try:
+        while True:
+            timer.start(limit)
             try:
                 chunk = await it.__anext__()
             except StopAsyncIteration:
                 return
-        limit = idle_ms / 1000
-        if chunk:
-            yield chunk
+            except asyncio.CancelledError:
+                if timer.fired and task.uncancel() == 0:
+                    raise TimeoutError from None
+                raise
+            finally:
+                timer.waiting = False
+            limit = idle_ms / 1000
+            if chunk:
+                yield chunk
+    finally:
+        timer.close()
 
 
 async def _stream(
@@ -673,6 +726,8 @@ async def _stream(
     translator, preamble = _stream_translator(
         inbound, upstream, target.model, caller.request_id, custom_tools, include_usage
     )
+    if translator is None:
+        scanner.forward_raw()
     # Pass-through Chat: the usage chunk ocx asked for is not shown to a client that did not.
     drop_usage = translator is None and upstream == "chat" and not include_usage
     pending: list[bytes] = [preamble] if preamble else []

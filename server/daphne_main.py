@@ -83,6 +83,7 @@ with _lean_imports():
     from daphne import http_protocol
     from daphne.cli import CommandLineInterface
     from daphne.server import Server
+    from twisted.internet import tcp
     from twisted.web import http
 
 RENAMED = {b"session_id": b"session-id", b"conversation_id": b"conversation-id"}
@@ -256,6 +257,49 @@ def _connection_made_nodelay(self: Any) -> None:
     _connection_made(self)
 
 
+_buffered_write = tcp.Server.write
+_buffered_write_sequence = tcp.Server.writeSequence
+
+
+def _write_through(self: Any, data: bytes) -> None:
+    """Send at once when nothing is queued, as asyncio's transports do; queue only the rest.
+
+    Twisted queues every write and sends it when the loop next finds the socket writable: per
+    streamed event an epoll change to watch for writability, a loop turn, the send and a second
+    epoll change to stop watching, with Twisted's logging context around the callback. For an
+    SSE stream that was about half of a worker's CPU per event (bench/README.md, streaming
+    CPU). The socket is non-blocking: a send that takes part of the data (a full socket buffer,
+    a slow client) leaves the rest to Twisted's queue, which then watches for writability,
+    applies its producer backpressure and ends the connection as before; an error also goes
+    to the queued path, whose send meets it and closes the connection the usual way."""
+    if (
+        data.__class__ is bytes
+        and data
+        and self.connected
+        and not getattr(self, "TLS", False)  # TLS writes go through the TLS layer
+        and not self.disconnecting
+        and not self._writeDisconnecting  # noqa: SLF001
+        and not self._tempDataBuffer  # noqa: SLF001
+        and self.offset == len(self.dataBuffer)
+    ):
+        try:
+            sent = self.socket.send(data)
+        except OSError:  # EAGAIN, EINTR, or a dead peer that the queued send will meet
+            sent = 0
+        if sent == len(data):
+            return
+        data = data[sent:]
+    _buffered_write(self, data)
+
+
+def _write_sequence_through(self: Any, iovec: list[bytes]) -> None:
+    # Twisted's HTTP/1.1 chunked body is (size line, data, CRLF): one send for the three.
+    if iovec and all(part.__class__ is bytes for part in iovec):
+        _write_through(self, b"".join(iovec))
+    else:
+        _buffered_write_sequence(self, iovec)
+
+
 _channels: weakref.WeakSet[Any] = weakref.WeakSet()
 _build_protocol = http_protocol.HTTPFactory.buildProtocol
 _check_persistence = http.HTTPChannel.checkPersistence
@@ -356,6 +400,8 @@ def install_lifecycle() -> None:
     http_protocol.HTTPFactory.buildProtocol = _build_and_remember  # type: ignore[method-assign]
     http.HTTPChannel.checkPersistence = _persistence_unless_stopping  # type: ignore[method-assign]
     http.HTTPChannel.connectionMade = _connection_made_nodelay  # type: ignore[method-assign]
+    tcp.Server.write = _write_through  # type: ignore[method-assign]
+    tcp.Server.writeSequence = _write_sequence_through  # type: ignore[method-assign]
     reactor.callWhenRunning(_when_running)  # type: ignore[attr-defined]
 
 

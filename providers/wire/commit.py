@@ -116,7 +116,8 @@ class StreamFailure:
 @dataclass(frozen=True, slots=True)
 class Decision:
     """The scanner's answer for one chunk: the phase after it, why, the failure (FAILED only),
-    and the frames parsed from the chunk (for callers that translate rather than pass through)."""
+    and the frames completed by the chunk (for callers that translate rather than pass through;
+    after `forward_raw()`, a run of plain output frames is one data-less frame)."""
 
     phase: Phase
     reason: str
@@ -364,6 +365,41 @@ def _chunk_finishes(event: SSEEvent) -> bool:
     )
 
 
+_RESPONSES_TERMINAL_TYPES = frozenset(t.encode() for t in RESPONSES_TERMINAL_EVENTS)
+_RESPONSES_DATA = b'data: {"type":"response.'
+
+
+def _plain_output_frame(protocol: WireProtocol, frame: bytes) -> bool:
+    """Whether a frame of a committed pass-through stream is a plain output delta, by byte tests
+    alone: one `data:` line holding a JSON object that is not a terminal or an error, carries no
+    usage and names no tool (so the end, usage and undeclared-tool checks have nothing to read
+    in it). Anything else, or any doubt (another layout, `\r`, a second `type` key), is False
+    and the frame is parsed."""
+    if (
+        not frame.endswith(b"}\n\n")
+        or b'"usage"' in frame
+        or b'"name"' in frame
+        or b'"error"' in frame
+    ):
+        return False
+    if protocol == "chat":
+        # A content chunk: every choice still open (`"finish_reason":null`), on one line.
+        return (
+            frame.startswith(b"data: {")
+            and frame.find(b"\n") == len(frame) - 2
+            and 0 < frame.count(b'"finish_reason"') == frame.count(b'"finish_reason":null')
+        )
+    at = frame.find(_RESPONSES_DATA)
+    if at < 0 or frame.find(b"\n", at) != len(frame) - 2 or frame.count(b'"type"') != 1:
+        return False
+    # Only an `event:` line may come before the data line.
+    if at and not (frame.startswith(b"event:") and frame.find(b"\n") == at - 1):
+        return False
+    start = at + len(b'data: {"type":"')
+    end = frame.find(b'"', start)
+    return frame[start:end] not in _RESPONSES_TERMINAL_TYPES
+
+
 class CommitScanner:
     """The per-attempt pre-commit scanner for a `responses` or `chat` SSE stream.
 
@@ -388,6 +424,7 @@ class CommitScanner:
         self._max_bytes = max_bytes
         self._max_chunks = max_chunks
         self._parser = SSEParser(max_frame_bytes)
+        self._max_frame = max_frame_bytes
         self._chunks: list[bytes] = []
         self._size = 0
         self._phase = Phase.BUFFERING
@@ -396,6 +433,16 @@ class CommitScanner:
         self._end = _EndTracker(protocol)
         # Frames classified MALFORMED so far (counted here: every frame is decoded once).
         self.malformed = 0
+        # `forward_raw()`: after commit, plain output frames are passed on without parsing.
+        self._raw = False
+        self._rest = b""
+
+    def forward_raw(self) -> None:
+        """The stream is passed through as received (not translated): after commit, frames that
+        `_plain_output_frame` shows to be plain output deltas are not parsed, and a run of them
+        comes back in `Decision.events` as one data-less frame whose `raw` holds their bytes.
+        Every other frame is parsed and tracked as before; the bytes are the same."""
+        self._raw = self.protocol in ("responses", "chat")
 
     def classify(self, event: SSEEvent) -> EventClass:
         """The commit-rule class of one frame (overridden per protocol)."""
@@ -463,6 +510,10 @@ class CommitScanner:
 
     def finish(self) -> Decision:
         """End of the upstream stream (clean close, cut connection, or idle timeout)."""
+        if self._rest:
+            # An unterminated last frame (it holds no blank line): the parser judges it.
+            self._parser.feed(self._rest)
+            self._rest = b""
         try:
             events = tuple(self._parser.finish())
         except SSEFrameTooLarge:
@@ -478,7 +529,60 @@ class CommitScanner:
         return Decision(self._phase, self._end.state.value, self.failure, events)
 
     def _after_commit(self, chunk: bytes) -> Decision:
+        if self._raw:
+            return Decision(Phase.COMMITTED, "committed", None, self._scan_raw(chunk))
         return Decision(Phase.COMMITTED, "committed", None, self._parse_and_track(chunk))
+
+    def _scan_raw(self, chunk: bytes) -> tuple[SSEEvent, ...]:
+        """`_parse_and_track` for a pass-through stream: frame boundaries by `bytes.find`, and
+        only the frames that are not plain output are parsed (by the same parser, which is at a
+        frame boundary whenever it is handed a frame here)."""
+        parser = self._parser
+        if parser.pending_bytes:
+            pending = parser.take_pending()
+            if pending is None:
+                self._raw = False  # an odd start: the parser keeps the stream
+                return self._parse_and_track(chunk)
+            self._rest = pending
+        buf = self._rest + chunk if self._rest else chunk
+        last = buf.rfind(b"\n\n")
+        end = last + 2 if last >= 0 else 0
+        if b"\r" in chunk or len(buf) - end > self._max_frame:
+            # CR line ends, or a runaway frame: the parser's rules, from a frame boundary on.
+            self._raw = False
+            self._rest = b""
+            return self._parse_and_track(buf)
+        if not end:
+            self._rest = buf
+            return ()
+        self._rest = buf[end:]
+        out: list[SSEEvent] = []
+        run_from = -1
+        pos = 0
+        while pos < end:
+            stop = buf.find(b"\n\n", pos) + 2
+            frame = buf if pos == 0 and stop == len(buf) else buf[pos:stop]
+            if _plain_output_frame(self.protocol, frame):
+                if run_from < 0:
+                    run_from = pos
+            else:
+                if run_from >= 0:
+                    out.append(_opaque(buf[run_from:pos]))
+                    run_from = -1
+                out.extend(self._track(tuple(parser.feed(frame))))
+            pos = stop
+        if run_from >= 0:
+            out.append(_opaque(buf if run_from == 0 and end == len(buf) else buf[run_from:end]))
+        return tuple(out)
+
+    def _track(self, events: tuple[SSEEvent, ...]) -> tuple[SSEEvent, ...]:
+        for event in events:
+            cls = self.classify(event)
+            if cls is EventClass.MALFORMED:
+                self.malformed += 1
+            if self._end.observe(cls, event):
+                self._end.failure = self.failure_of(event)
+        return events
 
     def _parse_and_track(self, chunk: bytes) -> tuple[SSEEvent, ...]:
         try:
@@ -487,13 +591,7 @@ class CommitScanner:
             # Post-commit a runaway frame is malformed data: the stream counts as truncated.
             self._end.close(cut=True)
             return ()
-        for event in events:
-            cls = self.classify(event)
-            if cls is EventClass.MALFORMED:
-                self.malformed += 1
-            if self._end.observe(cls, event):
-                self._end.failure = self.failure_of(event)
-        return events
+        return self._track(events)
 
     def _inspect(self, events: tuple[SSEEvent, ...], idle_reason: str) -> Decision:
         reason = idle_reason
@@ -525,6 +623,11 @@ class CommitScanner:
             if self._end.observe(cls, event):
                 self._end.failure = self.failure_of(event)
         return Decision(self._phase, reason, None, events)
+
+
+def _opaque(raw: bytes) -> SSEEvent:
+    """Plain output frames forwarded as one unit: no data of their own to read."""
+    return SSEEvent(event=None, data="", raw=raw, has_data=False)
 
 
 def terminal_error_frame(

@@ -83,6 +83,21 @@ class SSEParser:
         """Bytes held for the current incomplete frame."""
         return len(self._buf) - self._frame_start
 
+    def take_pending(self) -> bytes | None:
+        """Hand the bytes of the incomplete frame to another reader and forget them (the parser
+        is then at a frame boundary, as after a blank line). None, and nothing changes, when
+        they cannot be read apart from this parser: a CR (maybe half a CRLF) or the stream's
+        BOM in them."""
+        rest = bytes(self._buf[self._frame_start :])
+        if b"\r" in rest or (
+            self._frame_start == 0 and self._line_start > 0 and rest.startswith(_BOM)
+        ):
+            return None
+        self._buf.clear()
+        self._frame_start = self._line_start = self._scan_from = 0
+        self._reset_fields()
+        return rest
+
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Add bytes and return every frame they complete, in order."""
         if not chunk:

@@ -156,3 +156,77 @@ async def test_a_failed_or_unfinished_request_is_left_to_daphnes_sweep() -> None
     # Finished after the application ended: the sweep removes it.
     server, protocol = await _one_request(app, disconnect_first=False)
     assert "disconnected" in server.connections[protocol]
+
+
+def _server_connection(sndbuf: int | None = None) -> tuple[Any, Any, Any]:
+    """A Twisted `tcp.Server` over one end of a real socket pair, on a reactor that only records
+    which descriptors it was asked to watch for writability."""
+    import socket
+
+    from twisted.internet import tcp
+    from twisted.internet.protocol import Protocol
+    from twisted.internet.testing import MemoryReactor
+
+    ours, peer = socket.socketpair()
+    if sndbuf is not None:
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    ours.setblocking(False)
+    reactor = MemoryReactor()
+    conn = tcp.Server(ours, Protocol(), ("127.0.0.1", 1), None, 1, reactor)
+    return conn, peer, reactor
+
+
+def _recv_all(peer: Any, size: int) -> bytes:
+    got = b""
+    while len(got) < size:
+        got += peer.recv(size - len(got))
+    return got
+
+
+def test_a_write_is_sent_at_once_without_watching_for_writability() -> None:
+    from server import daphne_main
+
+    conn, peer, reactor = _server_connection()
+    try:
+        daphne_main._write_through(conn, b"data: one\n\n")
+        daphne_main._write_sequence_through(conn, [b"b\r\n", b"data: two\n\n", b"\r\n"])
+        assert _recv_all(peer, 11 + 16) == b"data: one\n\nb\r\ndata: two\n\n\r\n"
+        assert conn not in reactor.getWriters()  # no epoll change, nothing queued
+        assert conn._tempDataBuffer == []
+    finally:
+        conn.socket.close()
+        peer.close()
+
+
+def test_what_the_socket_does_not_take_is_queued_in_order() -> None:
+    from server import daphne_main
+
+    conn, peer, reactor = _server_connection(sndbuf=4096)
+    try:
+        big = bytes(range(256)) * 4096  # 1 MiB: more than the socket buffers hold
+        daphne_main._write_through(conn, big)
+        assert conn in reactor.getWriters()  # the rest waits for Twisted's writability turn
+        queued = b"".join(conn._tempDataBuffer)
+        assert 0 < len(queued) < len(big) and big.endswith(queued)
+        # With data queued, a later write goes behind it, never ahead of it.
+        daphne_main._write_through(conn, b"tail")
+        assert conn._tempDataBuffer[-1] == b"tail"
+        sent = len(big) - len(queued)
+        assert _recv_all(peer, sent) == big[:sent]
+    finally:
+        conn.socket.close()
+        peer.close()
+
+
+def test_a_closing_connection_keeps_twisteds_queued_path() -> None:
+    from server import daphne_main
+
+    conn, peer, reactor = _server_connection()
+    try:
+        conn.disconnecting = True
+        daphne_main._write_through(conn, b"late")
+        assert conn._tempDataBuffer == [b"late"]
+        assert conn in reactor.getWriters()
+    finally:
+        conn.socket.close()
+        peer.close()
