@@ -31,6 +31,7 @@ from combos.shaping import (
     has_encrypted_agent_task,
     image_rejection,
 )
+from combos.status import label as status_label
 from gateway.runtime import Runtime, get_runtime
 from providers.masking import Masker, bearer_value
 from providers.upstream import Caller, attempt
@@ -50,6 +51,7 @@ from routing.eligibility import (
     SKIP_CREDENTIAL,
     Access,
     Quota,
+    TargetState,
     callers_credential_refused,
     credential_problem,
     forwards_caller_credential,
@@ -687,7 +689,7 @@ class ProxyApp:
                     entry.target = target.key
                     _note_usage(entry, outcome.usage)
                 if not outcome.committed and outcome.failure is not None:
-                    _raise_upstream(outcome.failure)
+                    _raise_upstream(outcome.failure, target.key)
                 return
             result = RouteResult()
             try:
@@ -736,7 +738,23 @@ class ProxyApp:
                 now=_now_ms(),
                 target=result.served.key,
             )
-        _finish_route(combo, result)
+        states: list[TargetState] | None = None
+        if result.unavailable:
+            # The 503 says why each target was out (an error path: one state read is cheap).
+            current = await runtime.store.get(combo.id)
+            now = _now_ms()
+            states = [
+                target_state(
+                    t,
+                    providers=snapshot.providers,
+                    state=current,
+                    now=now,
+                    override=combo.override,
+                    access=access(t),
+                )
+                for t in combo.targets
+            ]
+        _finish_route(combo, result, states)
 
 
 async def _ingest_quota(
@@ -831,26 +849,31 @@ def _missing_for_client(target_key: str, why: str) -> str:
     return f"{SKIP_CREDENTIAL}: the credential of provider {provider} is not configured"
 
 
-def _finish_route(combo: ComboSpec, result: RouteResult) -> None:
+def _finish_route(
+    combo: ComboSpec, result: RouteResult, states: list[TargetState] | None = None
+) -> None:
     if result.served is not None:
         return
     if result.unavailable:
-        missing = [
-            _missing_for_client(key, why)
-            for key, why in result.skipped
-            if why.startswith("credential")
-        ]
         message = f"No available targets for combo: {combo.id}"
-        # Name what is missing when nothing else (only quota) stood in the way (PRODUCT §8.3).
-        quota = [why for _, why in result.skipped if why.startswith("quota_")]
-        if missing and len(missing) + len(quota) == len(result.skipped):
-            message += " (" + "; ".join(sorted(set(missing))) + ")"
+        if states:
+            # Each target with its state and until when, in `ocx status`'s words; a missing
+            # credential names its provider, never the server's variable.
+            message += ": " + "; ".join(_unavailable_because(ts) for ts in states)
         extra = (
             [] if result.retry_after is None else [(b"retry-after", result.retry_after.encode())]
         )
         raise HTTPFailure(503, "server_error", "combo_unavailable", message, extra)
     assert result.failure is not None
-    _raise_upstream(result.failure)
+    last = result.attempts[-1].target if result.attempts else None
+    _raise_upstream(result.failure, last)
+
+
+def _unavailable_because(ts: TargetState) -> str:
+    if ts.state == "no_credential" and ts.skip is not None:
+        return f"{ts.target}: {_missing_for_client(ts.target, ts.skip)}"
+    why = f" ({ts.reason})" if ts.reason else ""
+    return f"{ts.target}: {status_label(ts)}{why}"
 
 
 def _note_overload(provider: str, target: str, failure: Failure, s: float, request_id: str) -> None:
@@ -868,8 +891,9 @@ def _note_overload(provider: str, target: str, failure: Failure, s: float, reque
     )
 
 
-def _raise_upstream(failure: Failure) -> None:
-    """The last upstream failure, sanitized, with its own status (reference §3.7)."""
+def _raise_upstream(failure: Failure, target: str | None = None) -> None:
+    """The last upstream failure, sanitized, with its own status (reference §3.7), naming the
+    `provider/model` it came from (never a credential)."""
     if failure.transport == "local":
         # ocx's own limit: the client may retry soon, on this target or any other.
         cause = failure.error_code or "overloaded"
@@ -883,11 +907,17 @@ def _raise_upstream(failure: Failure) -> None:
     if failure.status is None:
         kind = failure.transport or "error"
         status = 504 if kind.startswith("timeout") else 502
+        where = f" ({target})" if target else ""
         raise HTTPFailure(
-            status, "upstream_error", f"upstream_{kind}", f"Provider {kind.replace('_', ' ')}"
+            status,
+            "upstream_error",
+            f"upstream_{kind}",
+            f"Provider {kind.replace('_', ' ')}{where}",
         )
     text = redact(failure.message) if failure.message else ""
-    message = f"Provider error {failure.status}" + (f": {text}" if text else "")
+    # "from p/m" sits before the colon: a chained ocx still peels the envelope (classify).
+    source = f" from {target}" if target else ""
+    message = f"Provider error {failure.status}{source}" + (f": {text}" if text else "")
     code = failure.error_code or classify(failure).code or None
     extra: list[tuple[bytes, bytes]] = []
     retry = failure.headers.get("retry-after")

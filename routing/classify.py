@@ -408,7 +408,12 @@ _NON_REPLAYABLE_CODES = frozenset(
     {"non_replayable_upstream", "upstream_not_replayable", "websocket_create_no_reply"}
 )
 _PROMPT_CAP_RE = re.compile(r"prompt\s+\d+\s*>\s*\d+\s+maximum context length")
-_PROVIDER_ERROR_RE = re.compile(r"^provider error \d{3}:\s*", re.IGNORECASE)
+# ocx names the target since issue #28 ("Provider error 400 from p/m: …"); older releases and
+# the reference did not.
+_PROVIDER_ERROR_RE = re.compile(
+    r"^provider error \d{3}(?: from \S{1,600}?(?=: ))?:\s*", re.IGNORECASE
+)
+_PROVIDER_400_RE = re.compile(r"^Provider error 400(?: from \S{1,600}?(?=: ))?: ")
 _OVERFLOW_PHRASES = (
     "exceeds the context window",
     "exceed the context window",
@@ -567,9 +572,10 @@ def _envelope(
         if allow_data_frame:
             text = _peel_data_frame(text)
         for _ in range(3):
-            if not text.startswith("Provider error 400: "):
+            head = _PROVIDER_400_RE.match(text)
+            if head is None:
                 break
-            text = text[len("Provider error 400: ") :].strip()
+            text = text[head.end() :].strip()
         obj = _parse_object(text)
     if obj is None:
         return None
@@ -591,8 +597,9 @@ def _envelope(
         param = err.get("param")
         if param is not None and not isinstance(param, str):
             return None
-        if level < 3 and param is None and message.startswith("Provider error 400: "):
-            inner = _parse_object(message[len("Provider error 400: ") :].strip())
+        head = _PROVIDER_400_RE.match(message) if level < 3 and param is None else None
+        if head is not None:
+            inner = _parse_object(message[head.end() :].strip())
             if inner is None:
                 return None
             obj = inner

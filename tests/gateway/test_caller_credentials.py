@@ -14,7 +14,7 @@ import uuid
 from typing import Any
 
 from tests.conftest import Mock, Server
-from tests.ocxsite.test_quota_failover import (
+from tests.gateway.test_quota_failover import (
     FALLBACK_KEY,
     Combo,
     account,
@@ -77,7 +77,9 @@ def test_refused_caller_token_cools_nothing_for_the_team(server: Server, mock: M
     assert r.status_code == 401, r.text
     error = r.json()["error"]
     assert error["code"] == "invalid_api_key"
-    assert error["message"].startswith("Provider error 401: Incorrect API key provided: ")
+    assert error["message"].startswith(
+        f"Provider error 401 from {c.primary_target}: Incorrect API key provided: "
+    ), error["message"]
     assert GARBAGE not in r.text
     assert "provided: …9vR4." in error["message"]  # `…last4` of the token
     assert mock.hits(c.pm) == 1  # not retried on the same target

@@ -98,7 +98,11 @@ def test_echoed_key_is_masked_before_commit(
     r = server.http.post("/v1/responses", json=body, headers=headers)
     assert r.status_code == 401, r.text
     message = r.json()["error"]["message"]
-    assert message.startswith(f"Provider error 401: Incorrect API key provided: …{last4}.")
+    # The error names the target it came from (issue 28 item 5), never the key.
+    target = names[f"target:{kind}"]
+    assert message.startswith(
+        f"Provider error 401 from {target}: Incorrect API key provided: …{last4}."
+    ), message
     entry = _logged(server, r.headers["x-ocx-request-id"])
     _nowhere(server, r.text, str(entry))
 

@@ -168,6 +168,53 @@ def test_hops_on_connection_refused(server: Server, mock: Mock) -> None:
     assert r.headers["x-ocx-target"] == "p2/rb"
 
 
+def test_errors_say_which_target_and_why(server: Server, mock: Mock) -> None:
+    # Issue 28 item 5: "Provider connect" named no provider, and combo_unavailable no target.
+    key = server.create_key()
+    headers = {"Authorization": f"Bearer {key}"}
+    server.put_provider("gone", provider(f"http://127.0.0.1:{closed_port()}/v1", "ga"))
+    server.put_provider("p2", provider(mock.url + "/v1", "gb", api_key=BACKUP_KEY))
+    server.put_provider(
+        "keyless",
+        {
+            "adapter": "openai-responses",
+            "baseUrl": mock.url + "/v1",
+            "apiKeyEnv": f"PROVIDER_TEST_UNSET_{uuid.uuid4().hex[:8].upper()}",
+            "models": {"gc": {"contextWindow": 1000}},
+        },
+    )
+    alone = "c" + uuid.uuid4().hex[:8]
+    server.put_combo(alone, {"targets": [{"provider": "gone", "model": "ga"}]})
+    sync(server)
+    r = ask(server, alone, headers)
+    assert r.status_code == 502
+    err = assert_error_shape(r)
+    assert (err["code"], err["message"]) == ("upstream_connect", "Provider connect (gone/ga)")
+
+    mock.script("gb", [{"status": 503}])
+    combo_id = "c" + uuid.uuid4().hex[:8]
+    targets = [("gone", "ga"), ("p2", "gb"), ("keyless", "gc")]
+    server.put_combo(combo_id, {"targets": [{"provider": p, "model": m} for p, m in targets]})
+    sync(server)
+    r = ask(server, combo_id, headers)
+    assert r.status_code == 503
+    assert assert_error_shape(r)["message"].startswith(
+        "Provider error 503 from p2/gb"
+    )  # the last target tried
+    r = ask(server, combo_id, headers)
+    assert r.status_code == 503
+    message = assert_error_shape(r)["message"]
+    when = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
+    assert re.fullmatch(
+        rf"No available targets for combo: {combo_id}: "
+        rf"gone/ga: Cooling until {when}( \([a-z_]+\))?; "
+        rf"p2/gb: Cooling until {when}( \([a-z_]+\))?; "
+        r"keyless/gc: credential_missing: the credential of provider keyless is not configured",
+        message,
+    ), message
+    assert "PROVIDER_TEST_UNSET" not in r.text
+
+
 # ---------------------------------------------------------------------------------------------
 # Stop on request errors
 
@@ -282,11 +329,13 @@ def test_combo_unavailable_when_first_pick_finds_nothing(server: Server, mock: M
         assert r.status_code == 503
         assert r.headers["content-type"].startswith("application/json")
         err = assert_error_shape(r)
-        assert err == {
-            "type": "server_error",
-            "code": "combo_unavailable",
-            "message": f"No available targets for combo: {combo_id}",
-        }
+        assert (err["type"], err["code"]) == ("server_error", "combo_unavailable")
+        # Each target with its state and until when, in `ocx status`'s words (issue 28 item 5).
+        assert re.fullmatch(
+            rf"No available targets for combo: {combo_id}: p1/ua: "
+            r"Cooling until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC",
+            err["message"],
+        ), err["message"]
         assert r.headers["retry-after"] in ("1", "2")
         assert r.headers["x-ocx-combo"] == combo_id
     assert mock.hits("ua") == 1  # no upstream contacted

@@ -118,7 +118,7 @@ def test_deeply_nested_json_on_v1_is_400(server: Server, mock: Mock) -> None:
 
 
 def test_503_names_the_provider_not_the_environment_variable(server: Server, mock: Mock) -> None:
-    env = f"OCX_TEST_UNSET_{uuid.uuid4().hex[:8].upper()}"
+    env = f"PROVIDER_TEST_UNSET_{uuid.uuid4().hex[:8].upper()}"
     server.put_provider(
         "envless",
         {
@@ -138,8 +138,8 @@ def test_503_names_the_provider_not_the_environment_variable(server: Server, moc
     )
     assert r.status_code == 503
     assert r.json()["error"]["message"] == (
-        "No available targets for combo: nocred (credential_missing: "
-        "the credential of provider envless is not configured)"
+        "No available targets for combo: nocred: envless/m: credential_missing: "
+        "the credential of provider envless is not configured"
     )
     assert env not in r.text
     assert mock.hits("m") == 0
@@ -166,7 +166,8 @@ def test_data_directory_and_database_are_private(tmp_path: Path) -> None:
             cwd=ROOT,
         )
 
-    assert ocx("key", "list").returncode == 0  # creates and migrates the database
+    # A write creates and migrates the database (a read-only command would refuse).
+    assert ocx("user", "create", "ann", "--no-password").returncode == 0
     assert data.stat().st_mode & 0o777 == 0o700
     db = data / "ocx.sqlite3"
     assert db.stat().st_mode & 0o777 == 0o600
