@@ -109,6 +109,8 @@ class RequestLog(models.Model):
     outcome = models.CharField(max_length=32, blank=True, default="")
     stream = models.BooleanField(default=False)
     duration_ms = models.PositiveIntegerField(default=0)
+    # From arrival to the response start (commit); null when it never got that far.
+    ttft_ms = models.PositiveIntegerField(null=True, blank=True)
     input_tokens = models.PositiveIntegerField(null=True, blank=True)
     output_tokens = models.PositiveIntegerField(null=True, blank=True)
     cached_tokens = models.PositiveIntegerField(null=True, blank=True)

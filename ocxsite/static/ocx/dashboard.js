@@ -154,7 +154,10 @@
     charts.requests = make("ocx-chart-requests", "line", line);
     charts.errors = make("ocx-chart-errors", "line", baseOptions({}));
     charts.hops = make("ocx-chart-hops", "line", baseOptions({}));
-    charts.latency = make("ocx-chart-latency", "bar", baseOptions({}));
+    // Horizontal bars: every target's name stays readable (vertical bars let Chart.js skip
+    // all but a few labels on a narrow chart).
+    charts.latency = make("ocx-chart-latency", "bar", baseOptions({
+      indexAxis: "y", scales: { y: { ticks: { autoSkip: false } }, x: { beginAtZero: true } } }));
     var horizontal = function () {
       return baseOptions({ indexAxis: "y", scales: { x: { stacked: true, beginAtZero: true },
                                                       y: { stacked: true } } });
