@@ -395,7 +395,9 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             # bump tells the workers to reload.
             clear_on_commit({form.initial.get("combo_id") or "", form.instance.combo_id})
         with transaction.atomic():
-            provider_services.config_bump()
+            old_id = form.initial.get("combo_id") or form.instance.combo_id
+            ids = {old_id, form.instance.combo_id}
+            provider_services.config_bump(("combo", c) for c in ids)
         for note in undeclared_models(form.instance):
             messages.warning(request, note)
 
@@ -403,13 +405,13 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         combo_id = obj.combo_id
         super().delete_model(request, obj)
         clear_on_commit([combo_id])
-        provider_services.config_bump()
+        provider_services.config_bump([("combo", combo_id)])
 
     def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
         combo_ids = list(queryset.values_list("combo_id", flat=True))
         super().delete_queryset(request, queryset)
         clear_on_commit(combo_ids)
-        provider_services.config_bump()
+        provider_services.config_bump(("combo", c) for c in combo_ids)
 
     @admin.action(description="Set mode to automatic (clear the override)")
     def clear_override(self, request: HttpRequest, queryset: Any) -> None:
@@ -418,7 +420,7 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             combo_ids = list(pinned.values_list("combo_id", flat=True))
             count = pinned.update(override_target=None)
             clear_on_commit(combo_ids)
-            provider_services.config_bump()
+            provider_services.config_bump(("combo", c) for c in combo_ids)
         self.message_user(request, f"{count} combo(s) set to automatic.", messages.SUCCESS)
 
     @admin.action(description="Export the Codex model catalog (JSON)")
