@@ -210,8 +210,10 @@ class Runtime:
         """Apply what a reload read, unless this runtime already serves something newer (a poll
         and a write's reload can finish in either order). Loop thread only."""
         current = self.snapshot
-        self.reloads["config"] += snapshot is not None
-        self.reloads["keys"] += keys is not None
+        for domain, loaded in (("config", snapshot), ("keys", keys)):
+            if loaded is not None:
+                self.reloads[domain] += 1
+                metrics.CONFIG_RELOADS.labels(domain).inc()
         newer_keys = keys is not None and keys_version > self.keys_version
         if snapshot is not None and (current is None or snapshot.version > current.version):
             if newer_keys:
@@ -268,6 +270,7 @@ class Runtime:
                 config_delta.patched_snapshot(patch, delta.version), self.keys, self.keys_version
             )
         self.patches[delta.domain] += 1
+        metrics.CONFIG_PATCHES.labels(delta.domain).inc()
         return True
 
     def serves(self, delta: Delta) -> bool:
