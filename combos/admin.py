@@ -349,8 +349,21 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
-        context = {**(extra_context or {}), "needs_attention": selectors.needs_attention()}
+        # One config read per page, shared by the notes and every row's badges.
+        snapshot = request._ocx_snapshot = selectors.config_snapshot()  # type: ignore[attr-defined]
+        context = {**(extra_context or {}), "needs_attention": selectors.needs_attention(snapshot)}
         return super().changelist_view(request, extra_context=context)
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        # The page's badges in one live-state read (not a config reload per row).
+        from combos.status import page_badges
+
+        cl = super().get_changelist_instance(request)
+        rows = list(cl.result_list)
+        badges = page_badges([c.combo_id for c in rows], getattr(request, "_ocx_snapshot", None))
+        for combo in rows:
+            combo._ocx_badges = badges.get(combo.combo_id)
+        return cl
 
     def get_queryset(self, request: HttpRequest) -> Any:
         return super().get_queryset(request).prefetch_related("targets__provider")
@@ -369,6 +382,8 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             return "—"
         from combos.status import live_badges
 
+        if hasattr(obj, "_ocx_badges"):  # computed for the list page (None: no targets)
+            return str(obj._ocx_badges or "—")
         return live_badges(obj.combo_id)
 
     def get_urls(self) -> list[Any]:

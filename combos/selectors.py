@@ -154,23 +154,24 @@ def config_dump() -> dict[str, object]:
     }
 
 
-def catalog_result():  # type: ignore[no-untyped-def]
+def catalog_result(snapshot: ConfigSnapshot | None = None):  # type: ignore[no-untyped-def]
     """The Codex catalog for the stored configuration (combos omitted are listed too)."""
     from combos.engine.catalog import build_catalog
 
-    return build_catalog(config_snapshot())
+    return build_catalog(snapshot or config_snapshot())
 
 
-def needs_attention() -> list[str]:
+def needs_attention(snapshot: ConfigSnapshot | None = None) -> list[str]:
     """What an operator should look at: omitted combos, and the targets whose configured state
-    (`eligibility.target_state`, the router's own rule) is disabled or without a credential."""
+    (`eligibility.target_state`, the router's own rule) is disabled or without a credential.
+    `snapshot`: the config already read by the caller (else read here, once)."""
     from combos.engine.catalog import OMISSION_DETAILS
     from combos.engine.eligibility import Access, credential_problem, target_state
     from combos.engine.state import ComboState
 
-    snapshot = config_snapshot()
+    snapshot = snapshot or config_snapshot()
     notes: list[str] = []
-    for combo_id, reason in catalog_result().omitted:
+    for combo_id, reason in catalog_result(snapshot).omitted:
         detail = OMISSION_DETAILS.get(reason, reason)
         notes.append(f"combo/{combo_id} is omitted from the Codex catalog: {detail}")
     for combo in snapshot.combos.values():
