@@ -7,8 +7,7 @@ worker through Redis, so that a write is served by the very next request.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -54,8 +53,13 @@ def _changes(changes: Iterable[Change] | None) -> tuple[Change, ...] | None:
     return unique if len(unique) <= MAX_CHANGES else None
 
 
-def _announce(delta: Delta | None = None) -> None:
-    versions_committed.send(sender=ConfigState, delta=delta)
+def _announcer(delta: Delta) -> Callable[[], None]:
+    # A function, not a functools.partial: Django names a failing on_commit callback by its
+    # `__qualname__`.
+    def announce() -> None:
+        versions_committed.send(sender=ConfigState, delta=delta)
+
+    return announce
 
 
 def config_bump(changes: Iterable[Change] | None = None) -> int:
@@ -65,7 +69,7 @@ def config_bump(changes: Iterable[Change] | None = None) -> int:
     state.version += 1
     state.save(update_fields=["version", "updated"])
     delta = Delta("config", state.version - 1, state.version, _changes(changes))
-    transaction.on_commit(functools.partial(_announce, delta), robust=True)
+    transaction.on_commit(_announcer(delta), robust=True)
     return state.version
 
 
@@ -78,7 +82,7 @@ def keys_bump(changes: Iterable[Change] | None = None) -> None:
         ConfigState.objects.filter(pk=1).update(keys_version=F("keys_version") + 1)
         version = state.keys_version + 1
     delta = Delta("keys", version - 1, version, _changes(changes))
-    transaction.on_commit(functools.partial(_announce, delta), robust=True)
+    transaction.on_commit(_announcer(delta), robust=True)
 
 
 def _combo_ids() -> list[str]:
