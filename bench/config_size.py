@@ -359,11 +359,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     sizes = [tuple(int(n) for n in s.split(":")) for s in args.sizes.split(",")]
-    rows = [
-        run_one(code.resolve(), keys, combos, args)
-        for code in (args.code or [ROOT])
-        for keys, combos in sizes
-    ]
+    rows = []
+    for code in args.code or [ROOT]:
+        for keys, combos in sizes:
+            rows.append(run_one(code.resolve(), keys, combos, args))
+            print(rows[-1], flush=True)  # as it comes: a long run keeps what it measured
     columns = list(rows[0])
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
