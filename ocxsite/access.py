@@ -82,10 +82,12 @@ def client_keys_revoke(*, keys: QuerySet[ClientKey]) -> int:
     """Revoke the unrevoked keys among `keys`; returns how many. An update sends no signal,
     hence the explicit bump."""
     with transaction.atomic():
-        ids = list(
-            keys.filter(revoked__isnull=True).select_for_update().values_list("pk", flat=True)
+        # The ids first: the notice names them (an admin queryset may be DISTINCT, which
+        # cannot be locked; a key revoked meanwhile is only re-read by the workers).
+        ids = list(keys.filter(revoked__isnull=True).values_list("pk", flat=True))
+        count = ClientKey.objects.filter(pk__in=ids, revoked__isnull=True).update(
+            revoked=timezone.now()
         )
-        count = ClientKey.objects.filter(pk__in=ids).update(revoked=timezone.now())
         if count:
             keys_bump(("key", str(pk)) for pk in ids)
     return count
