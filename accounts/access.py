@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -14,10 +15,10 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import make_password
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from accounts.models import ClientKey, ManagementToken
+from accounts.models import ClientKey, ManagementToken, UserBudget
 from providers.services import keys_bump
 from usage.budgets import ScopedBudget, scoped_budgets
 
@@ -40,6 +41,8 @@ class KeyInfo:
     rpm_limit: int | None
     # The key's own budgets, then its user's (usage.budgets); empty costs nothing per request.
     budgets: tuple[ScopedBudget, ...] = ()
+    # The owner's pk: a user write replaces the entries of that user's keys.
+    user_id: int = 0
 
 
 class KeyOwnerError(Exception):
@@ -103,22 +106,42 @@ def client_keys_revoke(*, keys: QuerySet[ClientKey]) -> int:
     """Revoke the unrevoked keys among `keys`; returns how many. An update sends no signal,
     hence the explicit bump."""
     with transaction.atomic():
-        count = keys.filter(revoked__isnull=True).update(revoked=timezone.now())
+        # The ids first: the notice names them (an admin queryset may be DISTINCT, which
+        # cannot be locked; a key revoked meanwhile is only re-read by the workers).
+        ids = list(keys.filter(revoked__isnull=True).values_list("pk", flat=True))
+        count = ClientKey.objects.filter(pk__in=ids, revoked__isnull=True).update(
+            revoked=timezone.now()
+        )
         if count:
-            keys_bump()
+            keys_bump(("key", str(pk)) for pk in ids)
     return count
 
 
 def keys_changed(sender: object, **kwargs: object) -> None:
-    """Receiver for saves and deletes of client keys and users (connected in `apps.py`): bump
-    the key-table version so every worker reloads its key map within a poll interval."""
+    """Receiver for saves and deletes of client keys, user budgets and users (connected in
+    `apps.py`): bump the key-table version, naming what changed, so every worker updates
+    those entries of its key map."""
     if kwargs.get("update_fields") == frozenset({"last_login"}):
         return  # a login changes nothing the proxy reads
-    keys_bump()
+    instance = kwargs.get("instance")
+    if isinstance(instance, ClientKey):
+        keys_bump([("key", str(instance.pk))])
+    elif isinstance(instance, UserBudget):
+        keys_bump([("user", str(instance.user_id))])
+    elif isinstance(instance, get_user_model()):
+        keys_bump([("user", str(instance.pk))])
+    else:
+        keys_bump()
 
 
-def client_keys_active() -> dict[str, KeyInfo]:
-    """digest → KeyInfo for every unrevoked key (the proxy caches this map)."""
+def client_keys_active(
+    *, key_ids: Collection[int] = (), user_ids: Collection[int] = (), every: bool = True
+) -> dict[str, KeyInfo]:
+    """digest → KeyInfo for every unrevoked key of an active user (the proxy caches this map);
+    with `every` False, only those among `key_ids` and the keys of `user_ids`."""
+    rows = ClientKey.objects.filter(revoked__isnull=True, user__is_active=True)
+    if not every:
+        rows = rows.filter(Q(pk__in=list(key_ids)) | Q(user_id__in=list(user_ids)))
     return {
         k.digest: KeyInfo(
             id=k.pk,
@@ -127,10 +150,9 @@ def client_keys_active() -> dict[str, KeyInfo]:
             allowed_models=frozenset(k.allowed_models or ()),
             rpm_limit=k.rpm_limit,
             budgets=scoped_budgets(k),
+            user_id=k.user_id,
         )
-        for k in ClientKey.objects.filter(
-            revoked__isnull=True, user__is_active=True
-        ).select_related("user", "user__ocx_budget")
+        for k in rows.select_related("user", "user__ocx_budget")
     }
 
 

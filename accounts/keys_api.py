@@ -14,7 +14,7 @@ from ninja import Field, Router, Schema
 from ninja.errors import HttpError
 from pydantic.config import JsonDict
 
-from accounts import access, key_services
+from accounts import access, key_pages, key_services
 from accounts.models import ClientKey, UserBudget
 from usage.budgets import stored_budgets
 
@@ -109,8 +109,28 @@ def _checked(
 
 
 @router.get("", operation_id="list_keys")
-def list_keys(request: HttpRequest) -> dict[str, object]:
-    return {"keys": [_listed(k) for k in ClientKey.objects.select_related("user")]}
+def list_keys(
+    request: HttpRequest,
+    limit: str | None = None,
+    cursor: str | None = None,
+    user: str | None = None,
+) -> dict[str, object]:
+    """One page of keys, newest first: `limit` (1 to 1000, default 500), `cursor` (the
+    `nextCursor` of the previous page), `user` (only that user's keys). `nextCursor` is null
+    on the last page."""
+    size = key_pages.limit_value(limit)
+    rows = ClientKey.objects.select_related("user").order_by("-pk")
+    if cursor is not None:
+        rows = rows.filter(pk__lt=key_pages.cursor_value(cursor))
+    if user is not None:
+        rows = rows.filter(user__username=user)
+    page = list(rows[: size + 1])
+    more = len(page) > size
+    page = page[:size]
+    return {
+        "keys": [_listed(k) for k in page],
+        "nextCursor": key_pages.cursor_after(page[-1].pk) if more else None,
+    }
 
 
 @router.post("", operation_id="create_key", response={201: dict, 409: dict})

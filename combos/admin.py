@@ -365,8 +365,21 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
-        context = {**(extra_context or {}), "needs_attention": selectors.needs_attention()}
+        # One config read per page, shared by the notes and every row's badges.
+        snapshot = request._ocx_snapshot = selectors.config_snapshot()  # type: ignore[attr-defined]
+        context = {**(extra_context or {}), "needs_attention": selectors.needs_attention(snapshot)}
         return super().changelist_view(request, extra_context=context)
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        # The page's badges in one live-state read (not a config reload per row).
+        from combos.status import page_badges
+
+        cl = super().get_changelist_instance(request)
+        rows = list(cl.result_list)
+        badges = page_badges([c.combo_id for c in rows], getattr(request, "_ocx_snapshot", None))
+        for combo in rows:
+            combo._ocx_badges = badges.get(combo.combo_id)
+        return cl
 
     def get_queryset(self, request: HttpRequest) -> Any:
         return super().get_queryset(request).prefetch_related("targets__provider")
@@ -385,6 +398,8 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             return "—"
         from combos.status import live_badges
 
+        if hasattr(obj, "_ocx_badges"):  # computed for the list page (None: no targets)
+            return str(obj._ocx_badges or "—")
         return live_badges(obj.combo_id)
 
     def get_urls(self) -> list[Any]:
@@ -411,7 +426,9 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             # bump tells the workers to reload.
             clear_on_commit({form.initial.get("combo_id") or "", form.instance.combo_id})
         with transaction.atomic():
-            provider_services.config_bump()
+            old_id = form.initial.get("combo_id") or form.instance.combo_id
+            ids = {old_id, form.instance.combo_id}
+            provider_services.config_bump(("combo", c) for c in ids)
         for note in selectors.combo_warnings(form.instance.combo_id):
             messages.warning(request, note)
 
@@ -419,13 +436,13 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         combo_id = obj.combo_id
         super().delete_model(request, obj)
         clear_on_commit([combo_id])
-        provider_services.config_bump()
+        provider_services.config_bump([("combo", combo_id)])
 
     def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
         combo_ids = list(queryset.values_list("combo_id", flat=True))
         super().delete_queryset(request, queryset)
         clear_on_commit(combo_ids)
-        provider_services.config_bump()
+        provider_services.config_bump(("combo", c) for c in combo_ids)
 
     @admin.action(description="Set mode to automatic (clear the override)")
     def clear_override(self, request: HttpRequest, queryset: Any) -> None:
@@ -434,7 +451,7 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             combo_ids = list(pinned.values_list("combo_id", flat=True))
             count = pinned.update(override_target=None)
             clear_on_commit(combo_ids)
-            provider_services.config_bump()
+            provider_services.config_bump(("combo", c) for c in combo_ids)
         self.message_user(request, f"{count} combo(s) set to automatic.", messages.SUCCESS)
 
     @admin.action(description="Export the Codex model catalog (JSON)")

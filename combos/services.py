@@ -109,7 +109,7 @@ def combo_set(*, combo_id: object, raw: object, rename_from: object = None) -> C
             # Shared (Redis) routing state is reset once here, not by every worker; registered
             # before the bump so that it runs before the workers are told to reload.
             clear_on_commit({source_id, combo_id})
-        provider_services.config_bump()
+        provider_services.config_bump(("combo", c) for c in {source_id, combo_id} if c)
     return spec
 
 
@@ -121,7 +121,7 @@ def combo_delete(*, combo_id: object) -> None:
         if not deleted:
             raise ConfigError("unknown combo", status=404)
         clear_on_commit([combo_id])
-        provider_services.config_bump()
+        provider_services.config_bump([("combo", combo_id)])
 
 
 def combo_set_override(*, combo_id: str, target: str | None) -> ComboSpec:

@@ -14,7 +14,7 @@ import datetime as dt
 import os
 import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
@@ -214,10 +214,21 @@ def combo_view(
     )
 
 
-def combo_views(combo_id: str | None = None, *, local: bool = True) -> list[ComboView]:
-    """The selector for dashboards: every combo's (or one combo's) target states now."""
-    snapshot = selectors.config_snapshot()
-    combos = [c for c in snapshot.combos.values() if combo_id in (None, c.id)]
+def combo_views(
+    combo_id: str | None = None,
+    *,
+    local: bool = True,
+    only: Collection[str] | None = None,
+    snapshot: ConfigSnapshot | None = None,
+) -> list[ComboView]:
+    """The selector for dashboards: every combo's (or one combo's, or those in `only`) target
+    states now. `snapshot`: the config already read for this page (else read here)."""
+    snapshot = snapshot or selectors.config_snapshot()
+    combos = [
+        c
+        for c in snapshot.combos.values()
+        if combo_id in (None, c.id) and (only is None or c.id in only)
+    ]
     live_state = live.load([c.id for c in combos], local=local)
     now = int(time.time() * 1000)
     return [combo_view(c, snapshot, live_state, now=now) for c in combos]
@@ -477,7 +488,12 @@ def badges_html(states: Iterable[TargetState], combo_id: str) -> SafeString:
 
 def live_badges(combo_id: str) -> SafeString:
     """HTML badges for the admin: one per target, refreshed live by `ocx-live.js`."""
-    views = combo_views(combo_id)
-    if not views:
-        return format_html("—")
-    return badges_html(views[0].views[0].targets, combo_id)
+    return page_badges([combo_id]).get(combo_id) or format_html("—")
+
+
+def page_badges(
+    combo_ids: Collection[str], snapshot: ConfigSnapshot | None = None
+) -> dict[str, SafeString]:
+    """The badges of a page of combos, from one config read and one live-state read."""
+    views = combo_views(only=set(combo_ids), snapshot=snapshot)
+    return {v.combo.id: badges_html(v.views[0].targets, v.combo.id) for v in views if v.views}

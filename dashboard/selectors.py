@@ -62,7 +62,7 @@ def _latency(start_s: int, end_s: int) -> list[dict[str, Any]]:
         durations.setdefault(target, []).append(duration)
         if stream and ttft is not None:
             ttfts.setdefault(target, []).append(ttft)
-    out = [
+    out: list[dict[str, Any]] = [
         {
             "target": target,
             "requests": len(values),

@@ -7,11 +7,17 @@ that made the write:
 1. reloads this process's runtime, if it serves requests: the snapshot and key map are read in
    this thread and handed to the runtime on its event loop, and the write returns only once they
    are applied (read-your-writes on the worker that took the write);
-2. with `REDIS_URL`, publishes `{configVersion, keysVersion, ack}` on `{prefix}:config`. Every
-   worker's runtime listens (`Listener`), reloads when the versions are newer than what it
-   serves, and acknowledges on `{prefix}:config:ack:{ack}`; the writer waits, bounded by
-   `ACK_WAIT_S`, until as many workers acknowledged as received the message, so when the write
-   returns every listening worker serves it.
+2. with `REDIS_URL`, publishes `{configVersion, keysVersion, ack, delta}` on `{prefix}:config`.
+   Every worker's runtime listens (`Listener`), brings in the change and acknowledges on
+   `{prefix}:config:ack:{ack}`; the writer waits, bounded by `ACK_WAIT_S`, until as many workers
+   acknowledged as received the message, so when the write returns every listening worker
+   serves it.
+
+`delta` (`providers.services.Delta`) says what the write touched: `{"domain": "keys"|"config",
+"from": n, "to": n + 1, "changes": [{"kind": "key", "id": "12"}, ...] | null}`. A worker serving
+exactly `from` re-reads only those entries (one key, one user's keys, one combo, one provider and
+the combos over it); a worker serving anything else (a notice it missed), a null `changes` or a
+notice without `delta` reloads that domain whole.
 
 The runtime's config poll stays as the safety net (a lost message, a Redis outage, a worker that
 was reconnecting). Without Redis there is one server process: a write made by another process
@@ -32,6 +38,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+
+from providers.services import Change, Delta
 
 log = logging.getLogger("ocx.confignotify")
 
@@ -59,16 +67,55 @@ class Notice:
     config_version: int
     keys_version: int
     ack: str | None
+    delta: Delta | None = None
 
 
 def encode(notice: Notice) -> str:
-    return json.dumps(
-        {
-            "configVersion": notice.config_version,
-            "keysVersion": notice.keys_version,
-            "ack": notice.ack,
+    doc: dict[str, object] = {
+        "configVersion": notice.config_version,
+        "keysVersion": notice.keys_version,
+        "ack": notice.ack,
+    }
+    if notice.delta is not None:
+        d = notice.delta
+        doc["delta"] = {
+            "domain": d.domain,
+            "from": d.base,
+            "to": d.version,
+            "changes": None
+            if d.changes is None
+            else [{"kind": kind, "id": ident} for kind, ident in d.changes],
         }
+    return json.dumps(doc)
+
+
+_KINDS = {"config": ("combo", "provider"), "keys": ("key", "user")}
+
+
+def _delta(doc: object) -> Delta | None:
+    """The `delta` of a notice, or None when absent or malformed (the worker reloads)."""
+    if not isinstance(doc, dict):
+        return None
+    domain, base, version, raw = (
+        doc.get("domain"),
+        doc.get("from"),
+        doc.get("to"),
+        doc.get("changes"),
     )
+    if domain not in _KINDS or not isinstance(base, int) or not isinstance(version, int):
+        return None
+    if raw is None:
+        return Delta(domain, base, version, None)
+    if not isinstance(raw, list):
+        return None
+    changes: list[Change] = []
+    for item in raw:
+        kind = item.get("kind") if isinstance(item, dict) else None
+        ident = item.get("id") if isinstance(item, dict) else None
+        if kind not in _KINDS[domain] or not isinstance(ident, str):
+            return None
+        changes.append((kind, ident))
+    return Delta(domain, base, version, tuple(changes))
 
 
 def decode(data: bytes | str) -> Notice | None:
@@ -86,7 +133,12 @@ def decode(data: bytes | str) -> Notice | None:
     )
     if not isinstance(config_version, int) or not isinstance(keys_version, int):
         return None
-    return Notice(config_version, keys_version, ack if isinstance(ack, str) and ack else None)
+    return Notice(
+        config_version,
+        keys_version,
+        ack if isinstance(ack, str) and ack else None,
+        _delta(doc.get("delta")),
+    )
 
 
 # --- the write side (any thread that committed a write) ------------------------------------
@@ -111,14 +163,20 @@ def _redis() -> Any:
         return _client[1]
 
 
-def publish(config_version: int, keys_version: int, *, wait_s: float = ACK_WAIT_S) -> int:
+def publish(
+    config_version: int,
+    keys_version: int,
+    *,
+    wait_s: float = ACK_WAIT_S,
+    delta: Delta | None = None,
+) -> int:
     """Publish the versions and wait (at most `wait_s`) until every worker that received them
     acknowledged; returns how many did. A Redis failure is logged, not raised: the write has
     committed and the workers' poll picks it up."""
     import redis
 
     token = uuid.uuid4().hex
-    notice = Notice(config_version, keys_version, token if wait_s > 0 else None)
+    notice = Notice(config_version, keys_version, token if wait_s > 0 else None, delta)
     try:
         client = _redis()
         receivers = int(client.publish(channel(settings.OCX_STATE_KEY_PREFIX), encode(notice)))

@@ -1,10 +1,14 @@
 """Per-process routing runtime: the config snapshot, key cache, state store, HTTP clients.
 
-A committed write reloads the writing process's runtime before the write returns, and with
-`REDIS_URL` every other worker on a notice (`gateway.confignotify`). A background task also
-polls the config version and the key-table version every OCX_CONFIG_POLL_MS, off the hot path,
-as the safety net. A change rebuilds the snapshot, clears the routing state of combos whose
-definition changed, and replaces the HTTP clients of providers whose definition changed.
+A committed write is brought into the writing process's runtime before the write returns, and
+with `REDIS_URL` into every other worker on a notice (`gateway.confignotify`). The notice names
+what changed (`providers.services.Delta`): a worker serving the version just before it re-reads
+only those keys, combos or providers (`gateway.config_delta`); any other case reloads the
+domain whole. A background task also polls the config version and the key-table version every
+OCX_CONFIG_POLL_MS, off the hot path, as the safety net (with a listener subscribed, it reloads
+only what stayed behind for two polls in a row: a notice may be on its way). A change clears
+the routing state of combos whose definition changed, and replaces the HTTP clients of
+providers whose definition changed.
 
 The state store is `RedisStateStore` when `REDIS_URL` is set (shared by every worker; the write
 path in `combos.services` / `combos.admin` resets changed combos' keys once, see
@@ -33,8 +37,9 @@ from accounts.access import KeyInfo
 from combos import selectors
 from dashboard import services as dashboard_services
 from dashboard.services import STORED_KINDS
-from gateway import confignotify
+from gateway import config_delta, confignotify
 from gateway.events import EVENTS_GROUP
+from providers.services import Delta
 from providers.upstream import ProviderClient
 from quota import services as quota_services
 from quota.tracker import JsonStore, MemoryJsonStore, QuotaTracker
@@ -64,6 +69,18 @@ def _poll(known_keys: int) -> tuple[int, int, dict[str, KeyInfo] | None]:
     version, keys_version = selectors.config_versions()
     keys = None if keys_version == known_keys else access.client_keys_active()
     return version, keys_version, keys
+
+
+Patch = config_delta.KeysPatch | config_delta.ConfigPatch
+
+
+def _read_patch(snapshot: ConfigSnapshot, delta: Delta) -> Patch | None:
+    """What the delta's entries are now (ORM, any thread); None: the domain reloads whole."""
+    if delta.changes is None:
+        return None
+    if delta.domain == "keys":
+        return config_delta.read_keys(delta.changes)
+    return config_delta.read_config(snapshot, delta.changes)
 
 
 class Runtime:
@@ -129,6 +146,11 @@ class Runtime:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.listener: confignotify.Listener | None = None
         self._refresh_lock = asyncio.Lock()
+        # Whole reloads of the snapshot / key map, and writes applied entry by entry.
+        self.reloads = {"config": 0, "keys": 0}
+        self.patches = {"config": 0, "keys": 0}
+        # The versions the last poll saw in the database (`refresh(patient=True)`).
+        self._polled: tuple[int, int] | None = None
 
     def state_along(self, combo_id: str) -> tuple[str, ...]:
         """The Redis name of the combo's routing state when it lives in Redis: the quota gate
@@ -196,6 +218,10 @@ class Runtime:
         """Apply what a reload read, unless this runtime already serves something newer (a poll
         and a write's reload can finish in either order). Loop thread only."""
         current = self.snapshot
+        for domain, loaded in (("config", snapshot), ("keys", keys)):
+            if loaded is not None:
+                self.reloads[domain] += 1
+                metrics.CONFIG_RELOADS.labels(domain).inc()
         newer_keys = keys is not None and keys_version > self.keys_version
         if snapshot is not None and (current is None or snapshot.version > current.version):
             if newer_keys:
@@ -208,27 +234,87 @@ class Runtime:
             assert keys is not None
             self.keys, self.keys_version = keys, keys_version
 
-    async def refresh(self) -> None:
+    async def refresh(self, *, patient: bool = False) -> None:
         """One poll: reload the snapshot when the config version moved, the key map when the
-        key-table version moved."""
+        key-table version moved (each alone). `patient` (the poll, with a listener
+        subscribed): only what the previous poll already saw behind, since the notice of a
+        write this poll sees may be on its way and applies it for far less."""
         async with self._refresh_lock:
-            version, keys_version, keys = await in_thread(_poll, self.keys_version)
             if self.snapshot is None:
                 loaded_version, snap, loaded = await in_thread(_load)
                 self.apply(snap, loaded, loaded_version)
                 log.info("config version %s loaded", snap.version)
-            elif version != self.snapshot.version:
-                loaded_version, snap, loaded = await in_thread(_load)
-                self.offer(snap, loaded, loaded_version)
-            elif keys is not None:
-                self.offer(None, keys, keys_version)
+                return
+            version, keys_version = await in_thread(selectors.config_versions)
+            stale_config = version != self.snapshot.version
+            stale_keys = keys_version != self.keys_version
+            if patient and self.listener is not None and self.listener.subscribed.is_set():
+                seen, self._polled = self._polled, (version, keys_version)
+                stale_config &= seen is not None and seen[0] != self.snapshot.version
+                stale_keys &= seen is not None and seen[1] != self.keys_version
+            # The key version was read before the keys: a racing key write moves it past.
+            keys = await in_thread(access.client_keys_active) if stale_keys else None
+            fresh = await in_thread(selectors.config_snapshot) if stale_config else None
+            if fresh is not None or keys is not None:
+                self.offer(fresh, keys, keys_version)
+
+    def take(self, delta: Delta, patch: Patch | None) -> bool:
+        """Apply one write read by `_read_patch` if this runtime serves exactly the version
+        before it (else False: a gap, the caller reloads). Loop thread only."""
+        if patch is None or self.snapshot is None:
+            return False
+        if isinstance(patch, config_delta.KeysPatch):
+            if delta.domain != "keys" or self.keys_version != delta.base:
+                return False
+            self.keys = config_delta.patched_keys(self.keys, patch)
+            self.keys_version = delta.version
+        else:
+            # The reads were made against the snapshot served: it must still be that one.
+            if delta.domain != "config" or self.snapshot is not patch.base:
+                return False
+            if patch.base.version != delta.base:
+                return False
+            self.apply(
+                config_delta.patched_snapshot(patch, delta.version), self.keys, self.keys_version
+            )
+        self.patches[delta.domain] += 1
+        metrics.CONFIG_PATCHES.labels(delta.domain).inc()
+        return True
+
+    def serves(self, delta: Delta) -> bool:
+        """Whether this runtime already serves the delta's version (or a later one)."""
+        if self.snapshot is None:
+            return False
+        served = self.keys_version if delta.domain == "keys" else self.snapshot.version
+        return served >= delta.version
+
+    async def bring_in(self, delta: Delta) -> None:
+        """A write named by a notice: read just its entries and apply them when this runtime
+        serves the version before it; else (a missed notice, a bulk write) reload."""
+        async with self._refresh_lock:
+            snapshot = self.snapshot
+            if snapshot is None or self.serves(delta):
+                return
+            current = self.keys_version if delta.domain == "keys" else snapshot.version
+            if current == delta.base and delta.changes is not None:
+                patch = await in_thread(_read_patch, snapshot, delta)
+                if self.take(delta, patch):
+                    return
+        log.info(
+            "config %s version %s: reloading (a notice was missed)", delta.domain, delta.version
+        )
+        await self.refresh()
 
     async def _on_notice(self, notice: confignotify.Notice | None) -> None:
-        """A write committed somewhere (None: a notice may have been missed): reload now."""
+        """A write committed somewhere (None: a notice may have been missed): bring it in."""
         # `ready()` may be loading a config read before this write: wait for it, then compare.
         try:
             # Inside the `try`: a first load that fails (database down) must not end the listener.
             snapshot = self.snapshot or await self.ready()
+            if notice is not None and notice.delta is not None:
+                async with asyncio.timeout(confignotify.RELOAD_TIMEOUT_S):
+                    await self.bring_in(notice.delta)
+                return
             if (
                 notice is not None
                 and notice.config_version <= snapshot.version
@@ -236,13 +322,7 @@ class Runtime:
             ):
                 return  # this worker took the write, or a poll got there first
             async with asyncio.timeout(confignotify.RELOAD_TIMEOUT_S):
-                if notice is not None and notice.config_version > snapshot.version:
-                    # The notice says the config moved: load it without a version read first.
-                    async with self._refresh_lock:
-                        loaded_version, snap, loaded = await in_thread(_load)
-                        self.offer(snap, loaded, loaded_version)
-                else:
-                    await self.refresh()
+                await self.refresh()
         except Exception:  # noqa: BLE001 - the poll retries; a notice must not kill the listener
             log.exception("reload on a config notice failed; the poll retries")
 
@@ -254,7 +334,7 @@ class Runtime:
             try:
                 # Bounded: a stuck database call must not freeze the worker's view for good.
                 async with asyncio.timeout(max(5.0, 10 * interval)):
-                    await self.refresh()
+                    await self.refresh(patient=True)
             except (DbOperationalError, DbInterfaceError) as exc:
                 # The database is down or restarting: said once, not every poll interval.
                 if not failing:
@@ -434,11 +514,12 @@ def _default_store(breaker: RedisBreaker | None) -> StateStore:
 _runtime: Runtime | None = None
 
 
-def reload_from_thread(timeout: float) -> bool:
+def reload_from_thread(timeout: float, delta: Delta | None = None) -> bool:
     """Make this process's runtime serve the committed config and key table before returning
-    (called by the thread that committed a write). The ORM reads run here, in the calling
-    thread; the event loop only swaps the result in. False when there is nothing to reload
-    (no runtime serving in this process, e.g. the CLI) or the loop did not answer in time."""
+    (called by the thread that committed a write; `delta`: what it wrote). The ORM reads run
+    here, in the calling thread; the event loop only swaps the result in. False when there is
+    nothing to reload (no runtime serving in this process, e.g. the CLI) or the loop did not
+    answer in time."""
     rt = _runtime
     loop = rt.loop if rt is not None else None
     if rt is None or loop is None or loop.is_closed():
@@ -452,6 +533,16 @@ def reload_from_thread(timeout: float) -> bool:
     if rt.snapshot is None:
         # The first load is running and may have read the config before this write.
         return _wait(asyncio.run_coroutine_threadsafe(_settle(rt), loop), timeout)
+    if delta is not None:
+        if rt.serves(delta):
+            return True
+        patch = _read_patch(rt.snapshot, delta)
+
+        async def take() -> None:
+            if not rt.take(delta, patch):
+                await rt.bring_in(delta)  # a gap: reloads on the loop
+
+        return _wait(asyncio.run_coroutine_threadsafe(take(), loop), timeout)
     version, keys_version, keys = _poll(rt.keys_version)
     snap: ConfigSnapshot | None = None
     if version != rt.snapshot.version:
@@ -480,15 +571,14 @@ def _wait(future: concurrent.futures.Future[None], timeout: float) -> bool:
     return True
 
 
-def on_versions_committed(sender: object, **kwargs: object) -> None:
+def on_versions_committed(sender: object, delta: Delta | None = None, **kwargs: object) -> None:
     """Receiver of `providers.services.versions_committed` (connected in `ocxsite/apps.py`; it
     lives here, not in `confignotify`, which the runtime imports). A transaction that bumped
-    twice announces twice; the second costs one version read here and one on each worker, which
-    find nothing new."""
+    twice announces twice, one delta each, in order."""
     versions = selectors.config_versions()
-    reload_from_thread(timeout=confignotify.LOCAL_WAIT_S)
+    reload_from_thread(timeout=confignotify.LOCAL_WAIT_S, delta=delta)
     if settings.OCX_REDIS_URL:
-        confignotify.publish(*versions)
+        confignotify.publish(*versions, delta=delta)
 
 
 async def _flush_runtime() -> None:

@@ -273,7 +273,9 @@ class ProviderAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                     display_name=spec.get("displayName", ""),
                 )
         with transaction.atomic():
-            services.config_bump()
+            # A rename also drops the old name (combos over it point at the renamed row).
+            names = {form.instance.name, form.initial.get("name") or form.instance.name}
+            services.config_bump(("provider", n) for n in names)
 
     def delete_model(self, request: HttpRequest, obj: Provider) -> None:
         services.provider_delete(name=obj.name)

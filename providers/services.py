@@ -7,7 +7,9 @@ worker through Redis, so that a write is served by the very next request.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
 
 from django.apps import apps
 from django.db import transaction
@@ -20,28 +22,67 @@ from providers.models import ConfigState, Provider, ProviderModel
 from providers.sealing import mask, seal
 from routing import validate
 
-# Sent (no arguments) once the transaction that bumped a config or key-table version commits.
+# Sent once the transaction that bumped a config or key-table version commits, with
+# `delta`: the `Delta` of that bump (one signal per bump).
 versions_committed = Signal()
 
+# What a bump changed, as (kind, id) pairs: ("combo", combo id), ("provider", name) for the
+# config; ("key", client key pk), ("user", user pk) for the key table. Past this many a worker
+# reloads the whole domain instead (a bulk write).
+ChangeKind = Literal["combo", "provider", "key", "user"]
+Change = tuple[ChangeKind, str]
+MAX_CHANGES = 200
 
-def _announce() -> None:
-    versions_committed.send(sender=ConfigState)
+
+@dataclass(frozen=True)
+class Delta:
+    """One bump: `domain`'s version went from `base` to `version` by `changes` (None: unknown,
+    reload the whole domain). A worker serving exactly `base` applies just the changes; one
+    serving anything else (a notice missed: a gap) reloads the domain."""
+
+    domain: Literal["config", "keys"]
+    base: int
+    version: int
+    changes: tuple[Change, ...] | None
 
 
-def config_bump() -> int:
-    """Increment the config version (inside the caller's transaction)."""
+def _changes(changes: Iterable[Change] | None) -> tuple[Change, ...] | None:
+    if changes is None:
+        return None
+    unique = tuple(sorted(set(changes)))
+    return unique if len(unique) <= MAX_CHANGES else None
+
+
+def _announcer(delta: Delta) -> Callable[[], None]:
+    # A function, not a functools.partial: Django names a failing on_commit callback by its
+    # `__qualname__`.
+    def announce() -> None:
+        versions_committed.send(sender=ConfigState, delta=delta)
+
+    return announce
+
+
+def config_bump(changes: Iterable[Change] | None = None) -> int:
+    """Increment the config version (inside the caller's transaction). `changes`: the combos
+    and providers written (None: anything else, e.g. disabled models, or unknown)."""
     state, _ = ConfigState.objects.select_for_update().get_or_create(pk=1)
     state.version += 1
     state.save(update_fields=["version", "updated"])
-    transaction.on_commit(_announce, robust=True)
+    delta = Delta("config", state.version - 1, state.version, _changes(changes))
+    transaction.on_commit(_announcer(delta), robust=True)
     return state.version
 
 
-def keys_bump() -> None:
-    """Increment the key-table version workers poll (inside the caller's transaction, if any)."""
-    ConfigState.objects.get_or_create(pk=1)
-    ConfigState.objects.filter(pk=1).update(keys_version=F("keys_version") + 1)
-    transaction.on_commit(_announce, robust=True)
+def keys_bump(changes: Iterable[Change] | None = None) -> None:
+    """Increment the key-table version workers poll (inside the caller's transaction, if any).
+    `changes`: the keys and users written (None: unknown, every worker reloads its key map)."""
+    with transaction.atomic():
+        # Locked and read back: the version this bump made is the notice's `to`.
+        state, _ = ConfigState.objects.select_for_update().get_or_create(pk=1)
+        ConfigState.objects.filter(pk=1).update(keys_version=F("keys_version") + 1)
+        version = state.keys_version + 1
+    delta = Delta("keys", version - 1, version, _changes(changes))
+    transaction.on_commit(_announcer(delta), robust=True)
 
 
 def _combo_ids() -> list[str]:
@@ -112,7 +153,7 @@ def provider_set(*, name: str, raw: object) -> Provider:
             raise _issues_to_error(issues)
         existing = Provider.objects.filter(name=name).first()
         provider = _write_provider(name, raw, existing)
-        config_bump()
+        config_bump([("provider", name)])
     return provider
 
 
@@ -129,7 +170,7 @@ def provider_delete(*, name: str) -> None:
                 f'provider "{name}" is used by combos', status=409, extra={"combos": users}
             )
         provider.delete()
-        config_bump()
+        config_bump([("provider", name)])
 
 
 def disabled_models_set(*, models: list[str]) -> None:

@@ -79,6 +79,16 @@ REDIS_DEGRADED = Gauge(
     "1 while a worker routes on its own state because Redis is unreachable",
     multiprocess_mode="livemax",
 )
+CONFIG_RELOADS = Counter(
+    "ocx_config_reloads",
+    "Whole reloads of a worker's config snapshot or key map (domain: config, keys)",
+    ["domain"],
+)
+CONFIG_PATCHES = Counter(
+    "ocx_config_patches",
+    "Config writes a worker applied entry by entry from a notice (domain: config, keys)",
+    ["domain"],
+)
 REDIS_OUTAGES = Counter(
     "ocx_redis_outages", "Times a worker lost Redis and switched to its own state"
 )

@@ -1,0 +1,115 @@
+"""Apply one config write to a worker's snapshot or key map without reloading the rest.
+
+A `providers.services.Delta` names what a write touched. `read_*` run in a thread (ORM) and
+fetch only those rows; `patched_*` run on the worker's loop and return a new map/snapshot that
+shares every untouched entry with the old one. A new object each time: caches keyed by the
+map's identity (`BudgetGate.window_providers`) see the change.
+
+With 10,000 keys a full key reload costs a worker ~0.4 s of CPU; a key write read this way
+costs one indexed query and one pass over the map (~2 ms).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TypeVar
+
+from django.db.models import Q
+
+from accounts import access
+from accounts.access import KeyInfo
+from combos import selectors
+from providers.models import Provider
+from providers.services import Change
+from routing.types import ComboSpec, ConfigSnapshot, ProviderSpec
+
+V = TypeVar("V")
+
+
+@dataclass(frozen=True)
+class KeysPatch:
+    key_ids: frozenset[int]
+    user_ids: frozenset[int]
+    # The current entries of those keys and of those users' keys (absent: revoked, deleted,
+    # or the user is inactive).
+    fresh: Mapping[str, KeyInfo]
+
+
+@dataclass(frozen=True)
+class ConfigPatch:
+    base: ConfigSnapshot  # the snapshot the reads were made against
+    providers: Mapping[str, ProviderSpec | None]  # None: deleted
+    combos: Mapping[str, ComboSpec | None]
+
+
+def _ids(changes: tuple[Change, ...], kind: str) -> frozenset[int]:
+    out = set()
+    for k, ident in changes:
+        if k == kind and ident.isdigit():
+            out.add(int(ident))
+    return frozenset(out)
+
+
+def read_keys(changes: tuple[Change, ...]) -> KeysPatch:
+    key_ids, user_ids = _ids(changes, "key"), _ids(changes, "user")
+    fresh = access.client_keys_active(key_ids=key_ids, user_ids=user_ids, every=False)
+    return KeysPatch(key_ids, user_ids, fresh)
+
+
+def patched_keys(keys: Mapping[str, KeyInfo], patch: KeysPatch) -> dict[str, KeyInfo]:
+    """`keys` without every entry of the touched keys and users, plus their current ones (a
+    key's digest never changes, but this holds for a replaced row too)."""
+    drop_keys, drop_users = patch.key_ids, patch.user_ids
+    out = {
+        d: info
+        for d, info in keys.items()
+        if info.id not in drop_keys and info.user_id not in drop_users
+    }
+    out.update(patch.fresh)
+    return out
+
+
+def read_config(base: ConfigSnapshot, changes: tuple[Change, ...]) -> ConfigPatch:
+    """The written providers and combos as stored now. A provider write also re-reads every
+    combo over it, in the snapshot served (a deleted provider's targets are gone from the
+    database) and as stored (a renamed provider's new name)."""
+    names = {ident for kind, ident in changes if kind == "provider"}
+    combo_ids = {ident for kind, ident in changes if kind == "combo"}
+    if names:
+        combo_ids.update(
+            c.id for c in base.combos.values() if any(t.provider in names for t in c.targets)
+        )
+    providers: dict[str, ProviderSpec | None] = dict.fromkeys(names)
+    for p in Provider.objects.filter(name__in=names).prefetch_related("models"):
+        providers[p.name] = selectors.provider_spec(p)
+    combos: dict[str, ComboSpec | None] = dict.fromkeys(combo_ids)
+    rows = selectors.combo_queryset().filter(
+        Q(combo_id__in=combo_ids) | Q(targets__provider__name__in=names)
+    )
+    for c in rows.distinct():
+        combos[c.combo_id] = selectors.combo_spec(c)
+    return ConfigPatch(base, providers, combos)
+
+
+def patched_snapshot(patch: ConfigPatch, version: int) -> ConfigSnapshot:
+    """The base snapshot at `version` with the patch's entries replaced (in place: the order
+    of the others is kept), added or removed."""
+    base = patch.base
+    return ConfigSnapshot(
+        version=version,
+        providers=MappingProxyType(_replaced(base.providers, patch.providers)),
+        combos=MappingProxyType(_replaced(base.combos, patch.combos)),
+        disabled_models=base.disabled_models,
+    )
+
+
+def _replaced(old: Mapping[str, V], new: Mapping[str, V | None]) -> dict[str, V]:
+    out = dict(old)
+    for name, value in new.items():
+        if value is None:
+            out.pop(name, None)
+        else:
+            out[name] = value
+    return out
