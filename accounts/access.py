@@ -43,6 +43,8 @@ class KeyInfo:
     budgets: tuple[ScopedBudget, ...] = ()
     # The owner's pk: a user write replaces the entries of that user's keys.
     user_id: int = 0
+    # False: the owner is deactivated (the proxy answers 401 user_inactive, not "invalid key").
+    user_active: bool = True
 
 
 class KeyOwnerError(Exception):
@@ -135,11 +137,18 @@ def keys_changed(sender: object, **kwargs: object) -> None:
 
 
 def client_keys_active(
-    *, key_ids: Collection[int] = (), user_ids: Collection[int] = (), every: bool = True
+    *,
+    key_ids: Collection[int] = (),
+    user_ids: Collection[int] = (),
+    every: bool = True,
+    inactive_users: bool = False,
 ) -> dict[str, KeyInfo]:
-    """digest → KeyInfo for every unrevoked key of an active user (the proxy caches this map);
-    with `every` False, only those among `key_ids` and the keys of `user_ids`."""
-    rows = ClientKey.objects.filter(revoked__isnull=True, user__is_active=True)
+    """digest → KeyInfo for every unrevoked key of an active user; with `every` False, only
+    those among `key_ids` and the keys of `user_ids`. The proxy's map (`inactive_users`) also
+    holds the keys of deactivated users, marked, so that their holders learn why they fail."""
+    rows = ClientKey.objects.filter(revoked__isnull=True)
+    if not inactive_users:
+        rows = rows.filter(user__is_active=True)
     if not every:
         rows = rows.filter(Q(pk__in=list(key_ids)) | Q(user_id__in=list(user_ids)))
     return {
@@ -151,6 +160,7 @@ def client_keys_active(
             rpm_limit=k.rpm_limit,
             budgets=scoped_budgets(k),
             user_id=k.user_id,
+            user_active=k.user.is_active,
         )
         for k in rows.select_related("user", "user__ocx_budget")
     }

@@ -54,7 +54,9 @@ def _ids(changes: tuple[Change, ...], kind: str) -> frozenset[int]:
 
 def read_keys(changes: tuple[Change, ...]) -> KeysPatch:
     key_ids, user_ids = _ids(changes, "key"), _ids(changes, "user")
-    fresh = access.client_keys_active(key_ids=key_ids, user_ids=user_ids, every=False)
+    fresh = access.client_keys_active(
+        key_ids=key_ids, user_ids=user_ids, every=False, inactive_users=True
+    )
     return KeysPatch(key_ids, user_ids, fresh)
 
 

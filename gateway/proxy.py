@@ -455,6 +455,15 @@ class ProxyApp:
                 "invalid_api_key",
                 "Missing or invalid ocx client key (Authorization: Bearer ocx_… or x-ocx-key)",
             )
+        if not info.user_active:
+            # The key is right; its owner was deactivated (`ocx user deactivate`).
+            raise HTTPFailure(
+                401,
+                "invalid_request_error",
+                "user_inactive",
+                f"The user of this ocx key ({info.user}) is deactivated: ask an ocx administrator "
+                "to reactivate it (ocx user activate)",
+            )
         return info
 
     async def _route(

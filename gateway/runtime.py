@@ -58,16 +58,21 @@ if TYPE_CHECKING:
 log = logging.getLogger("ocx.runtime")
 
 
+def _proxy_keys() -> dict[str, KeyInfo]:
+    # Deactivated users' keys too, marked: their holders get 401 user_inactive, not "invalid".
+    return access.client_keys_active(inactive_users=True)
+
+
 def _load() -> tuple[int, ConfigSnapshot, dict[str, KeyInfo]]:
     # The key version is read before the keys: a key write racing this load leaves the stored
     # version past the one recorded here, so the next poll reloads (the counter never repeats).
     _, keys_version = selectors.config_versions()
-    return keys_version, selectors.config_snapshot(), access.client_keys_active()
+    return keys_version, selectors.config_snapshot(), _proxy_keys()
 
 
 def _poll(known_keys: int) -> tuple[int, int, dict[str, KeyInfo] | None]:
     version, keys_version = selectors.config_versions()
-    keys = None if keys_version == known_keys else access.client_keys_active()
+    keys = None if keys_version == known_keys else _proxy_keys()
     return version, keys_version, keys
 
 
@@ -253,7 +258,7 @@ class Runtime:
                 stale_config &= seen is not None and seen[0] != self.snapshot.version
                 stale_keys &= seen is not None and seen[1] != self.keys_version
             # The key version was read before the keys: a racing key write moves it past.
-            keys = await in_thread(access.client_keys_active) if stale_keys else None
+            keys = await in_thread(_proxy_keys) if stale_keys else None
             fresh = await in_thread(selectors.config_snapshot) if stale_config else None
             if fresh is not None or keys is not None:
                 self.offer(fresh, keys, keys_version)

@@ -105,7 +105,7 @@ def test_a_bad_cursor_is_a_400(api: Any, cursor: str) -> None:
 
 def test_the_admin_key_list_pages_and_filters_by_user(admin_client: Client) -> None:
     make_keys({"ann": 120, "bob": 2})
-    url = "/admin/ocxsite/clientkey/"
+    url = "/admin/accounts/clientkey/"
     page = admin_client.get(url)
     assert page.status_code == 200
     assert len(page.context["cl"].result_list) == 100
