@@ -8,15 +8,18 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.widgets import RelatedFieldWidgetWrapper
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import path
+from django.urls import path, reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 
-from combos import selectors
+from combos import selectors, services
 from combos.models import Combo, ComboTarget
 from combos.state_reset import clear_on_commit
 from providers import services as provider_services
+from providers.errors import ConfigError
 from routing import validate
 from routing.catalog import build_catalog, catalog_json
 
@@ -309,7 +312,7 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     readonly_fields = ("live",)
     list_filter = ("strategy",)
     search_fields = ("combo_id", "alias", "display_name")
-    actions = ["clear_override", "export_catalog"]
+    actions = ["clear_override", "reset_state", "export_catalog"]
     # The first fieldset (identity) is followed by the targets table (change_form.html).
     fieldsets = (
         (None, {"fields": ("combo_id", "display_name", "strategy")}),
@@ -405,7 +408,31 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def get_urls(self) -> list[Any]:
         urls = super().get_urls()
         view = self.admin_site.admin_view(self.events_view)
-        return [path("events/", view, name="combos_combo_events"), *urls]
+        reset = self.admin_site.admin_view(self.reset_view)
+        return [
+            path("events/", view, name="combos_combo_events"),
+            path("<str:combo_id>/reset/", reset, name="combos_combo_reset"),
+            *urls,
+        ]
+
+    def reset_view(self, request: HttpRequest, combo_id: str) -> HttpResponse:
+        """POST from a target's "Clear" button (or with no target: the whole combo)."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        target = request.POST.get("target") or None
+        try:
+            spec = services.combo_reset(combo_id=combo_id, target=target)
+        except ConfigError as exc:
+            self.message_user(request, exc.message, messages.ERROR)
+        else:
+            what = f"{target} in combo {spec.id}" if target else f"combo {spec.id}"
+            self.message_user(request, f"Cleared the routing state of {what}.", messages.SUCCESS)
+        back = request.POST.get("next") or request.META.get("HTTP_REFERER") or ""
+        if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):
+            back = reverse("admin:index")
+        return HttpResponseRedirect(back)
 
     def events_view(self, request: HttpRequest) -> HttpResponse:
         context = {**self.admin_site.each_context(request), "title": "Routing events"}
@@ -453,6 +480,17 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             clear_on_commit(combo_ids)
             provider_services.config_bump(("combo", c) for c in combo_ids)
         self.message_user(request, f"{count} combo(s) set to automatic.", messages.SUCCESS)
+
+    @admin.action(description="Clear cooldowns (reset the routing state)")
+    def reset_state(self, request: HttpRequest, queryset: Any) -> None:
+        ids = list(queryset.values_list("combo_id", flat=True))
+        for combo_id in ids:
+            services.combo_reset(combo_id=combo_id)
+        self.message_user(
+            request,
+            f"Cleared the routing state (cooldowns, probes, rotation) of {len(ids)} combo(s).",
+            messages.SUCCESS,
+        )
 
     @admin.action(description="Export the Codex model catalog (JSON)")
     def export_catalog(self, request: HttpRequest, queryset: Any) -> HttpResponse:

@@ -1,10 +1,11 @@
 from __future__ import annotations
 
 from django.http import HttpRequest
-from ninja import Router
+from ninja import Router, Schema
 from ninja.errors import HttpError
 
 from combos import selectors, services
+from combos.status import status_report
 from providers.json_body import object_body
 from routing import validate
 
@@ -36,6 +37,21 @@ def _listed(spec) -> dict[str, object]:  # type: ignore[no-untyped-def]
 @router.get("", operation_id="list_combos")
 def list_combos(request: HttpRequest) -> dict[str, object]:
     return {"combos": [_listed(spec) for spec in selectors.combo_list()]}
+
+
+# Before `/{combo_id}`, which would match `reset` (GET only: 405).
+class ResetIn(Schema):
+    id: str
+    target: str | None = None
+
+
+@router.post("/reset", operation_id="reset_combo")
+def reset_combo(request: HttpRequest, payload: ResetIn) -> dict[str, object]:
+    """Clear the routing state (cooldowns, probe leases, rotation) of a combo or of one of its
+    targets on every worker; answers with the combo's status after the reset."""
+    spec = services.combo_reset(combo_id=payload.id, target=payload.target)
+    report = status_report(spec.id)
+    return {"success": True, "id": spec.id, "target": payload.target, "status": report["combos"][0]}
 
 
 @router.get("/{combo_id}", operation_id="get_combo")

@@ -34,6 +34,8 @@ class Combo(models.Model):
     display_name = models.CharField(max_length=128, null=True, blank=True)
     # Manual override (PRODUCT §8.5): null = automatic, else "provider/model".
     override_target = models.CharField(max_length=512, null=True, blank=True)
+    # Operator resets of the routing state: {"*" or "provider/model": epoch ms} (ComboSpec.resets).
+    state_resets = models.JSONField(default=dict, blank=True)
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:

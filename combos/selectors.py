@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from types import MappingProxyType
 
 from combos.models import Combo, ComboTarget
@@ -51,7 +52,9 @@ def combo_raw(combo: Combo, targets: list[dict[str, object]] | None = None) -> d
 
 
 def combo_spec(combo: Combo) -> ComboSpec:
-    return validate.normalize_combo(combo.combo_id, combo_raw(combo))
+    spec = validate.normalize_combo(combo.combo_id, combo_raw(combo))
+    resets = combo.state_resets or {}
+    return replace(spec, resets=MappingProxyType(dict(resets))) if resets else spec
 
 
 def combo_queryset():  # type: ignore[no-untyped-def]

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 
 from django.db import transaction
+from django.dispatch import Signal
 
 from combos import selectors
 from combos.models import Combo, ComboTarget
-from combos.state_reset import clear_on_commit
+from combos.state_reset import clear_on_commit, target_clear_on_commit
 from providers import presets
 from providers import services as provider_services
 from providers.errors import ConfigError
@@ -188,3 +190,67 @@ def config_load(*, doc: object, replace: bool = False) -> dict[str, int]:
         clear_on_commit(c for c in before.keys() | after.keys() if before.get(c) != after.get(c))
         provider_services.config_bump()
     return {"providers": len(providers_doc), "combos": len(combos_doc)}
+
+
+# Sent after a reset committed, with `combo_id`, `target` (None: every target) and `cause`
+# ("operator" or "provider written"): the dashboard records it as a routing event.
+combo_state_reset = Signal()
+
+
+def combo_reset(*, combo_id: object, target: object = None, now_ms: int | None = None) -> ComboSpec:
+    """Clear the routing state (cooldowns, probe leases, rotation) of a combo, or of one of its
+    targets, on every worker: the shared (Redis) state is changed once here after the commit,
+    and the stamp in `Combo.state_resets` makes each worker drop its own copy when the change
+    reaches it (`gateway.runtime`), whatever path brings it (notice, poll, reload)."""
+    if not isinstance(combo_id, str) or not combo_id.strip():
+        raise ConfigError(ID_REQUIRED)
+    if target is not None and not isinstance(target, str):
+        raise ConfigError("target must be a string (provider/model)")
+    combo_id = combo_id.strip()
+    at = int(time.time() * 1000) if now_ms is None else now_ms
+    with transaction.atomic():
+        combo = Combo.objects.select_for_update().filter(combo_id=combo_id).first()
+        if combo is None:
+            raise ConfigError(f"unknown combo {combo_id}", status=404)
+        keys = [f"{t.provider.name}/{t.model}" for t in combo.targets.select_related("provider")]
+        if target is not None and target not in keys:
+            raise ConfigError(
+                f'target "{target}" is not one of combo {combo_id}\'s targets '
+                f"({', '.join(keys) or 'none'})"
+            )
+        _stamp_reset(combo, target or "*", at)
+        provider_services.config_bump([("combo", combo_id)])
+        transaction.on_commit(_announce_reset(combo_id, target, "operator"))
+        return selectors.combo_spec(combo)
+
+
+def _stamp_reset(combo: Combo, key: str, at: int) -> None:
+    resets = dict(combo.state_resets or {})
+    if key == "*":
+        resets = {}  # a whole reset covers every target's earlier one
+    resets[key] = at
+    combo.state_resets = resets
+    combo.save(update_fields=["state_resets", "updated"])
+    if key == "*":
+        clear_on_commit([combo.combo_id])
+    else:
+        target_clear_on_commit(combo.combo_id, key)
+
+
+def on_provider_written(sender: object, name: str, **kwargs: object) -> None:
+    """A provider was written (the operator may have fixed it): the cooldowns of its targets in
+    every combo are cleared, in the write's transaction (providers.services.provider_written)."""
+    at = int(time.time() * 1000)
+    rows = ComboTarget.objects.filter(provider__name=name).select_related("combo")
+    for row in rows:
+        combo = Combo.objects.select_for_update().get(pk=row.combo_id)
+        key = f"{name}/{row.model}"
+        _stamp_reset(combo, key, at)
+        transaction.on_commit(_announce_reset(combo.combo_id, key, f"provider {name} written"))
+
+
+def _announce_reset(combo_id: str, target: str | None, cause: str) -> Callable[[], None]:
+    def send() -> None:
+        combo_state_reset.send(sender=Combo, combo_id=combo_id, target=target, cause=cause)
+
+    return send

@@ -49,3 +49,54 @@ def clear_on_commit(combo_ids: Iterable[str]) -> None:
     ids = sorted(set(combo_ids))
     if ids and settings.OCX_REDIS_URL:
         transaction.on_commit(lambda: combo_state_clear(ids))
+
+
+def combo_target_state_clear(combo_id: str, key: str) -> None:
+    """Clear one target's entries (`routing.state.reset_target`) in the shared state of
+    `combo_id`, with a compare-and-set (another worker may write meanwhile); a no-op without
+    `REDIS_URL`. A Redis failure is logged, not raised: the reset already committed."""
+    url = settings.OCX_REDIS_URL
+    if not url:
+        return
+    import redis
+
+    from routing.state import ComboState, reset_target
+
+    name = state_key(combo_id)
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            with client.pipeline() as pipe:
+                for _ in range(20):
+                    try:
+                        pipe.watch(name)
+                        raw = pipe.get(name)
+                        if raw is None:
+                            return
+                        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+                        state = ComboState.from_json(text)
+                        new = reset_target(state, key)
+                        if new == state:
+                            return
+                        ttl = pipe.pttl(name)
+                        pipe.multi()
+                        if new == ComboState():
+                            pipe.delete(name)
+                        elif ttl and ttl > 0:
+                            pipe.set(name, new.to_json(), px=ttl)
+                        else:
+                            pipe.set(name, new.to_json())
+                        pipe.execute()
+                        return
+                    except redis.WatchError:
+                        continue
+            log.warning("could not clear %s of combo %s: the state kept changing", key, combo_id)
+        finally:
+            client.close()
+    except (redis.RedisError, ValueError):
+        log.exception("could not clear the routing state of %s in %s", key, name)
+
+
+def target_clear_on_commit(combo_id: str, key: str) -> None:
+    if settings.OCX_REDIS_URL:
+        transaction.on_commit(lambda: combo_target_state_clear(combo_id, key))

@@ -467,15 +467,33 @@ def badge_label(ts: TargetState) -> SafeString | str:
     return format_html("{}{}", text.split("{until}")[0], until_html(ts.until))
 
 
+RESETTABLE = frozenset({"cooling", "probing"})
+
+
+def reset_button(combo_id: str, target: str) -> SafeString:
+    """A "Clear" button for a cooling target; it submits the admin form around it to the reset
+    view (`formaction`: the change form and the combo list are forms with a CSRF token)."""
+    from django.urls import reverse
+
+    return format_html(
+        '<button type="submit" class="ocx-reset" formaction="{}" formmethod="post" '
+        'name="target" value="{}" title="Clear the cooldown of {} now">Clear</button>',
+        reverse("admin:combos_combo_reset", args=[combo_id]),
+        target,
+        target,
+    )
+
+
 def badges_html(states: Iterable[TargetState], combo_id: str) -> SafeString:
     parts = [
         format_html(
-            '<span class="ocx-badge ocx-{}" data-target="{}" title="{}">{}: {}</span>',
+            '<span class="ocx-badge ocx-{}" data-target="{}" title="{}">{}: {}</span>{}',
             ts.state,
             ts.target,
             ts.detail or "",
             ts.target,
             badge_label(ts),
+            reset_button(combo_id, ts.target) if ts.state in RESETTABLE else "",
         )
         for ts in states
     ]

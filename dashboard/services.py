@@ -9,7 +9,7 @@ from django.db import transaction
 
 from dashboard.models import KEEP, RoutingEvent
 
-STORED_KINDS = frozenset({"cooldown", "hop"})
+STORED_KINDS = frozenset({"cooldown", "hop", "reset"})
 
 
 def _moment(ms: object) -> dt.datetime | None:
@@ -20,6 +20,23 @@ def _moment(ms: object) -> dt.datetime | None:
 
 def _text(value: object, limit: int) -> str:
     return "" if value is None else str(value)[:limit]
+
+
+def on_combo_state_reset(
+    sender: object, combo_id: str, target: str | None, cause: str, **kwargs: object
+) -> None:
+    """`combos.services.combo_state_reset`: an operator reset is a routing event too."""
+    routing_events_write(
+        events=[
+            {
+                "kind": "reset",
+                "at": dt.datetime.now(dt.UTC).timestamp() * 1000,
+                "combo": combo_id,
+                "target": target or "",
+                "reason": cause,
+            }
+        ]
+    )
 
 
 def routing_events_write(*, events: Sequence[Mapping[str, object]]) -> int:

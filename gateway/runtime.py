@@ -194,11 +194,14 @@ class Runtime:
         old = self.snapshot
         self.keys, self.keys_version = keys, keys_version
         if old is not None:
+            local = isinstance(self.store, _local_state_stores())
             for combo_id, spec in old.combos.items():
                 # A shared (Redis) store is reset once by the config write path instead.
-                changed = snapshot.combos.get(combo_id) != spec
-                if changed and isinstance(self.store, _local_state_stores()):
-                    self.store.forget(combo_id)
+                new_spec = snapshot.combos.get(combo_id)
+                if new_spec != spec and local:
+                    self.store.forget(combo_id)  # type: ignore[attr-defined]
+                elif new_spec is not None and new_spec.resets != spec.resets and local:
+                    self._apply_resets(combo_id, spec.resets, new_spec.resets)
             for name, provider in old.providers.items():
                 new = snapshot.providers.get(name)
                 # The clients depend only on the timeouts and the pool size; in-flight streams
@@ -213,6 +216,20 @@ class Runtime:
                     grace_s = min(provider.timeouts.total_ms, 600_000) / 1000
                     asyncio.get_running_loop().create_task(_close_later(pool, grace_s))
         self.snapshot = snapshot
+
+    def _apply_resets(
+        self, combo_id: str, before: Mapping[str, int], after: Mapping[str, int]
+    ) -> None:
+        """An operator cleared a combo's routing state, or one target's (`combos.services.
+        combo_reset`): this worker's own copy follows (the shared one was cleared once)."""
+        store = self.store
+        assert isinstance(store, _local_state_stores())
+        if after.get("*", 0) > before.get("*", 0):
+            store.forget(combo_id)
+            return
+        for key, at in after.items():
+            if key != "*" and at > before.get(key, 0):
+                store.forget_target(combo_id, key)
 
     def offer(
         self,

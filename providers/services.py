@@ -25,6 +25,9 @@ from routing import validate
 # Sent once the transaction that bumped a config or key-table version commits, with
 # `delta`: the `Delta` of that bump (one signal per bump).
 versions_committed = Signal()
+# Sent inside the write's transaction with `name`: the operator changed a provider (perhaps
+# fixed it), so `combos` clears the cooldowns of its targets (connected in combos/apps.py).
+provider_written = Signal()
 
 # What a bump changed, as (kind, id) pairs: ("combo", combo id), ("provider", name) for the
 # config; ("key", client key pk), ("user", user pk) for the key table. Past this many a worker
@@ -153,6 +156,7 @@ def provider_set(*, name: str, raw: object) -> Provider:
             raise _issues_to_error(issues)
         existing = Provider.objects.filter(name=name).first()
         provider = _write_provider(name, raw, existing)
+        provider_written.send(sender=Provider, name=name)
         config_bump([("provider", name)])
     return provider
 

@@ -143,6 +143,21 @@ def _with(values: Mapping[str, int], key: str, value: int) -> Mapping[str, int]:
     return _frozen(out)
 
 
+def reset_target(state: ComboState, key: str) -> ComboState:
+    """An operator cleared one target (`ocx combo reset --target`): its cooldown, probe lease,
+    round-robin weight and stickiness go; the other targets' state stays."""
+    active = None if state.active_key == key else state.active_key
+    new = replace(
+        state,
+        cooldowns=_without(state.cooldowns, key),
+        probes=_without(state.probes, key),
+        current_weights=_without(state.current_weights, key),
+        active_key=active,
+        successes=state.successes if active is not None else 0,
+    )
+    return state if new == state else new
+
+
 def retain(state: ComboState, combo: ComboSpec) -> ComboState:
     """Drop every entry for target keys the combo no longer has (reconfiguration)."""
     keys = _keys(combo)
@@ -348,3 +363,7 @@ class MemoryStateStore:
     def forget(self, combo_id: str) -> None:
         """Synchronous `clear`, for the runtime swapping in a new config snapshot."""
         self._states.pop(combo_id, None)
+
+    def forget_target(self, combo_id: str, key: str) -> None:
+        """Synchronous `reset_target` of one target (an operator's reset)."""
+        self.seed(combo_id, reset_target(self.peek(combo_id), key))

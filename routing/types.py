@@ -91,6 +91,13 @@ class ComboSpec:
     display_name: str | None = None
     # None = automatic; otherwise the "provider/model" key every request is pinned to.
     override: str | None = None
+    # When an operator last cleared the routing state ("*": the whole combo, else a target key;
+    # epoch ms). Not part of the definition: no equality, no fingerprint (`repr`).
+    resets: Mapping[str, int] = field(
+        default_factory=_empty_map,  # type: ignore[arg-type]
+        repr=False,
+        compare=False,
+    )
 
     @property
     def public_id(self) -> str:

@@ -321,6 +321,10 @@ class GuardedStateStore:
         self.local.forget(combo_id)
         self._dirty.discard(combo_id)
 
+    def forget_target(self, combo_id: str, key: str) -> None:
+        """An operator reset one target: the write path resets it in the shared key."""
+        self.local.forget_target(combo_id, key)
+
     def peek(self, combo_id: str) -> ComboState:
         return self.local.peek(combo_id)
 

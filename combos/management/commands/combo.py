@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import CommandError, CommandParser
 
 from combos import selectors, services
@@ -46,6 +47,7 @@ ocx combo list [--json]
                         [--rename-from OLD] [--json]
        ocx combo remove ID --yes
        ocx combo mode ID auto|pin PROVIDER/MODEL
+       ocx combo reset ID [--target PROVIDER/MODEL]
        (create/update = set, delete = remove; the same under `ocx route combo`)
 """
 EPILOG = """\
@@ -59,6 +61,8 @@ examples:
   ocx combo show main --json
   ocx combo mode main pin anthropic/claude-sonnet-4-5     # ocx combo mode main auto to undo
   ocx combo remove old --yes
+  ocx combo reset main                       # clear every cooldown, probe and rotation of main
+  ocx combo reset main --target openai/gpt-5.5   # ... of that target only
 Clients use the combo as the model `combo/ID` (or its alias).
 """
 
@@ -87,6 +91,8 @@ class Command(ExamplesCommand):
                 self._remove(rest)
             elif sub == "mode":
                 self._mode(rest)
+            elif sub == "reset":
+                self._reset(rest)
             else:
                 raise CommandError(f"unknown combo command {sub}")
         except ConfigError as exc:
@@ -198,6 +204,17 @@ class Command(ExamplesCommand):
             self._print_json({"success": True, "id": ids[0]})
         else:
             self.stdout.write(f"Removed combo {ids[0]}.")
+
+    def _reset(self, rest: list[str]) -> None:
+        p = _Parser(prog="ocx combo reset", add_help=False)
+        p.add_argument("id")
+        p.add_argument("--target")
+        ns = p.parse_args(rest)
+        spec = services.combo_reset(combo_id=ns.id, target=ns.target)
+        what = f"target {ns.target} of combo {spec.id}" if ns.target else f"combo {spec.id}"
+        self.stdout.write(f"Cleared the routing state (cooldowns, probes, rotation) of {what}.")
+        if not settings.OCX_REDIS_URL:
+            self.stdout.write("The running server applies it at its next config poll.")
 
     def _mode(self, rest: list[str]) -> None:
         if len(rest) == 2 and rest[1] == "auto":
