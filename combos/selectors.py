@@ -83,6 +83,7 @@ def provider_spec(provider: Provider) -> ProviderSpec:
             reasoning_efforts=None if m.reasoning_efforts is None else tuple(m.reasoning_efforts),
             display_name=m.display_name or None,
             parallel_tool_calls=m.parallel_tool_calls,
+            price=validate.normalize_price(m.price),
         )
         for m in provider.models.all()
     }
@@ -101,6 +102,7 @@ def provider_spec(provider: Provider) -> ProviderSpec:
             total_ms=provider.total_ms,
         ),
         max_connections=provider.max_connections,
+        pricing_provider=provider.pricing_provider or None,
         models=MappingProxyType(models),
     )
 
