@@ -95,6 +95,11 @@ class RequestLog(models.Model):
     input_tokens = models.PositiveIntegerField(null=True, blank=True)
     output_tokens = models.PositiveIntegerField(null=True, blank=True)
     cached_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # USD, computed by the writer from the usage and the target's price (combos.engine.pricing):
+    # null = unknown (no usage report, or no price). A chatgpt target costs 0; `api_value_usd`
+    # is what the request would have cost at API prices (= cost elsewhere).
+    cost_usd = models.FloatField(null=True, blank=True)
+    api_value_usd = models.FloatField(null=True, blank=True)
     # Route trace: attempts [{target, status, reason, cooled_until, ms}], skipped [[key, why]].
     attempts = models.JSONField(default=list, blank=True)
     skipped = models.JSONField(default=list, blank=True)
