@@ -1032,7 +1032,9 @@ def normalize_price(raw: object) -> ModelPrice | None:
     inp, out = _price_number(raw.get("inputPerMTok")), _price_number(raw.get("outputPerMTok"))
     if inp is None or out is None:
         return None
-    return ModelPrice(input=inp, output=out, cached_input=_price_number(raw.get("cachedInputPerMTok")))
+    return ModelPrice(
+        input=inp, output=out, cached_input=_price_number(raw.get("cachedInputPerMTok"))
+    )
 
 
 def _normalize_model(model_id: str, raw: object) -> ModelSpec:

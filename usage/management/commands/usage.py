@@ -70,9 +70,7 @@ def _table(report: dict[str, Any]) -> str:
         for row in report["rows"]
     ]
     lines.append(
-        ["TOTAL"]
-        + [""] * (len(dims) - 1)
-        + [_number(c, report["totals"][c]) for c in counters]
+        ["TOTAL"] + [""] * (len(dims) - 1) + [_number(c, report["totals"][c]) for c in counters]
     )
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(headers)]
     numeric = len(dims)
