@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from types import MappingProxyType
 
-from combos.engine import validate
+from django.utils import timezone
+
+from combos.engine import pricing, validate
 from combos.engine.types import ComboSpec, ConfigSnapshot, ModelSpec, ProviderSpec, Timeouts
 from combos.models import Combo, ComboTarget
 from providers import selectors as provider_selectors
@@ -215,4 +218,22 @@ def needs_attention() -> list[str]:
                 notes.append(f"combo/{combo.id}: {ts.detail}")
             elif missing is not None:
                 notes.append(f"combo/{combo.id}: {target.key} has no credential ({missing})")
+    notes.extend(pricing.unpriced_note(key) for key in unpriced_targets(snapshot))
     return sorted(set(notes))
+
+
+UNPRICED_LOOKBACK = dt.timedelta(days=7)
+
+
+def unpriced_targets(snapshot: ConfigSnapshot) -> list[str]:
+    """The configured targets and models without a price, and those served without one in the
+    last week (an explicit provider/model a combo does not name)."""
+    from usage.models import UsageRollup
+
+    now = timezone.now()
+    served = (
+        UsageRollup.objects.filter(bucket__gte=now - UNPRICED_LOOKBACK, unpriced_requests__gt=0)
+        .values_list("target", flat=True)
+        .distinct()
+    )
+    return pricing.unpriced_targets(snapshot, now.date(), served)

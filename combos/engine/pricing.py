@@ -24,7 +24,7 @@ import datetime as dt
 import functools
 import ipaddress
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -205,6 +205,36 @@ def price(
     if spec is not None and spec.adapter in SUBSCRIPTION_ADAPTERS:
         return Priced(0.0, value, False)
     return Priced(value, value, rates is None)
+
+
+def unpriced_targets(
+    snapshot: ConfigSnapshot, day: dt.date, served: Iterable[str] = ()
+) -> list[str]:
+    """The "provider/model" keys whose requests would get no cost: every combo target, every
+    declared model of an enabled provider and every `served` key (targets recently counted as
+    unpriced), whose provider is enabled, not a subscription, and has no price for it."""
+    keys = set(served)
+    for combo in snapshot.combos.values():
+        keys.update(t.key for t in combo.targets)
+    for spec in snapshot.providers.values():
+        keys.update(f"{spec.name}/{model}" for model in spec.models)
+    out = []
+    for key in sorted(keys):
+        name, _, model = key.partition("/")
+        spec = snapshot.providers.get(name)
+        if spec is None or spec.disabled or spec.adapter in SUBSCRIPTION_ADAPTERS:
+            continue
+        if target_rates(spec, model, day) is None:
+            out.append(key)
+    return out
+
+
+def unpriced_note(key: str) -> str:
+    name, _, model = key.partition("/")
+    return (
+        f"{key} has no price: its requests get no cost (counted as unpricedRequests); set "
+        f'models["{model}"].price on provider {name}, or its pricingProvider'
+    )
 
 
 class PriceBook:
