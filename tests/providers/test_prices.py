@@ -218,3 +218,40 @@ def test_admin_refuses_bad_prices(staff: Client, overrides: dict[str, str], mess
     assert response.status_code == 200
     assert message in response.content.decode()
     assert not Provider.objects.exists()
+
+
+def test_doctor_warns_about_each_model_without_a_price(capsys: pytest.CaptureFixture[str]) -> None:
+    from providers import services
+
+    services.provider_set(
+        name="oa",
+        raw={
+            "adapter": "openai-responses",
+            "baseUrl": "https://api.openai.com/v1",
+            "apiKey": "sk-doctor-prices-0123456789",
+            "models": {"gpt-5": {}, "mystery-x": {}},
+        },
+    )
+    services.provider_set(name="local", raw={**with_price({"inputPerMTok": 0, "outputPerMTok": 0})})
+    code, out, err = run(capsys, "doctor", "--json")
+    checks = {c["name"]: c for c in json.loads(out)["checks"]}
+    assert checks["price oa/mystery-x"]["verdict"] == "warn"
+    assert checks["price oa/mystery-x"]["detail"].startswith("oa/mystery-x has no price")
+    # Priced by the genai-prices data, or by its own price (a free local model).
+    assert "price oa/gpt-5" not in checks and "price local/q" not in checks
+    assert code == 0, err  # a warning, not a failure
+    services.provider_set(
+        name="oa",
+        raw={
+            "adapter": "openai-responses",
+            "baseUrl": "https://api.openai.com/v1",
+            "models": {"gpt-5": {}, "mystery-x": {"price": PRICE}},
+        },
+    )
+    code, out, err = run(capsys, "doctor", "--json")
+    checks = {c["name"]: c for c in json.loads(out)["checks"]}
+    assert checks["prices"] == {
+        "name": "prices",
+        "verdict": "ok",
+        "detail": "every configured model has a price",
+    }
