@@ -216,8 +216,8 @@ def unpriced_targets(
     keys = set(served)
     for combo in snapshot.combos.values():
         keys.update(t.key for t in combo.targets)
-    for spec in snapshot.providers.values():
-        keys.update(f"{spec.name}/{model}" for model in spec.models)
+    for declared in snapshot.providers.values():
+        keys.update(f"{declared.name}/{model}" for model in declared.models)
     out = []
     for key in sorted(keys):
         name, _, model = key.partition("/")
