@@ -103,17 +103,24 @@ def price_entries(entries: list[RequestEntry], snapshot: ConfigSnapshot | None) 
     if not any(e.target for e in entries):
         return
     config = snapshot if snapshot is not None else _stored_snapshot()
+    failed = False
     for e in entries:
         if not e.target:
             continue
-        priced = _prices.price(
-            config,
-            e.target,
-            at=e.at,
-            input_tokens=e.input_tokens,
-            cached_tokens=e.cached_tokens,
-            output_tokens=e.output_tokens,
-        )
+        try:
+            priced = _prices.price(
+                config,
+                e.target,
+                at=e.at,
+                input_tokens=e.input_tokens,
+                cached_tokens=e.cached_tokens,
+                output_tokens=e.output_tokens,
+            )
+        except Exception:  # noqa: BLE001 - a pricing fault must not lose the batch's rows
+            if not failed:  # once per batch
+                failed = True
+                log.exception("request log: pricing %s failed; written without a cost", e.target)
+            continue
         e.cost_usd, e.api_value_usd, e.unpriced = (
             priced.cost_usd,
             priced.api_value_usd,
