@@ -89,3 +89,15 @@ def test_a_pricing_fault_writes_the_batch_without_a_cost(
     assert sum(r.requests for r in UsageRollup.objects.all()) == 3
     faults = [r for r in caplog.records if "pricing loc/q failed" in r.getMessage()]
     assert len(faults) == 1  # once per batch, not per request
+
+
+def test_the_request_page_and_the_rollup_list_show_the_cost(admin_client: Any) -> None:
+    requestlog.write_entries(entries(time.time() - 5), snapshot=lambda: SNAPSHOT)
+    priced = RequestLog.objects.get(request_id="r-priced")
+    page = admin_client.get(f"/admin/ocxsite/requestlog/{priced.pk}/change/").content.decode()
+    assert "$0.002200" in page
+    unpriced = RequestLog.objects.get(request_id="r-unpriced")
+    page = admin_client.get(f"/admin/ocxsite/requestlog/{unpriced.pk}/change/").content.decode()
+    assert "— (no price or no usage reported)" in page
+    listing = admin_client.get("/admin/usage/usagerollup/").content.decode()
+    assert "column-cost_usd" in listing and "column-unpriced_requests" in listing
