@@ -101,3 +101,19 @@ def test_the_request_page_and_the_rollup_list_show_the_cost(admin_client: Any) -
     assert "— (no price or no usage reported)" in page
     listing = admin_client.get("/admin/usage/usagerollup/").content.decode()
     assert "column-cost_usd" in listing and "column-unpriced_requests" in listing
+
+
+def test_reasoning_is_billed_once_as_the_output_it_is_part_of() -> None:
+    """Upstreams report reasoning inside the output count (providers.wire.usage): a request
+    with 100 output tokens of which 60 reasoning costs 100 output tokens, not 160."""
+    entry = requestlog.RequestEntry(
+        request_id="r",
+        at=time.time(),
+        target="loc/q",
+        input_tokens=0,
+        output_tokens=100,
+        cached_tokens=0,
+        reasoning_tokens=60,
+    )
+    requestlog.price_entries([entry], SNAPSHOT)
+    assert (entry.cost_usd, entry.unpriced) == (pytest.approx(100 * 8 / 1e6), False)

@@ -90,25 +90,6 @@ def test_cached_tokens_are_part_of_input_and_billed_at_the_cached_rate() -> None
     assert cost(OPENAI, "gpt-5", 100, 900, 0).cost_usd == pytest.approx(100 * 0.125 / 1e6)
 
 
-def test_reasoning_is_billed_once_as_the_output_it_is_part_of() -> None:
-    """Upstreams report reasoning inside the output count (providers.wire.usage): a request
-    with 100 output tokens of which 60 reasoning costs 100 output tokens, not 160."""
-    from ocxsite.requestlog import RequestEntry, price_entries
-
-    spec = provider("oa", "openai-responses", "https://api.openai.com/v1", {"m": ModelPrice(1, 10)})
-    entry = RequestEntry(
-        request_id="r",
-        at=AT,
-        target="oa/m",
-        input_tokens=0,
-        output_tokens=100,
-        cached_tokens=0,
-        reasoning_tokens=60,
-    )
-    price_entries([entry], snapshot(spec))
-    assert entry.cost_usd == pytest.approx(100 * 10 / 1e6)
-
-
 def test_metadata_price_wins_over_the_library_and_cached_defaults_to_input() -> None:
     own = ModelPrice(input=2.0, output=8.0)
     spec = provider("oa", "openai-responses", "https://api.openai.com/v1", {"gpt-5": own})
