@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from dataclasses import replace
 from types import MappingProxyType
+
+from django.utils import timezone
 
 from combos.models import Combo, ComboTarget
 from providers import selectors as provider_selectors
 from providers.models import ConfigState, Provider, ProviderModel
 from providers.sealing import unseal
-from routing import envpolicy, validate
+from routing import envpolicy, pricing, validate
 from routing.types import ComboSpec, ConfigSnapshot, ModelSpec, ProviderSpec, Timeouts
 
 
@@ -98,6 +101,7 @@ def provider_spec(provider: Provider) -> ProviderSpec:
             reasoning_efforts=None if m.reasoning_efforts is None else tuple(m.reasoning_efforts),
             display_name=m.display_name or None,
             parallel_tool_calls=m.parallel_tool_calls,
+            price=validate.normalize_price(m.price),
         )
         for m in provider.models.all()
     }
@@ -116,6 +120,7 @@ def provider_spec(provider: Provider) -> ProviderSpec:
             total_ms=provider.total_ms,
         ),
         max_connections=provider.max_connections,
+        pricing_provider=provider.pricing_provider or None,
         models=MappingProxyType(models),
     )
 
@@ -232,4 +237,22 @@ def needs_attention(snapshot: ConfigSnapshot | None = None) -> list[str]:
                 notes.append(f"combo/{combo.id}: {ts.detail}")
             elif missing is not None:
                 notes.append(f"combo/{combo.id}: {target.key} has no credential ({missing})")
+    notes.extend(pricing.unpriced_note(key) for key in unpriced_targets(snapshot))
     return sorted(set(notes))
+
+
+UNPRICED_LOOKBACK = dt.timedelta(days=7)
+
+
+def unpriced_targets(snapshot: ConfigSnapshot) -> list[str]:
+    """The configured targets and models without a price, and those served without one in the
+    last week (an explicit provider/model a combo does not name)."""
+    from usage.models import UsageRollup
+
+    now = timezone.now()
+    served = (
+        UsageRollup.objects.filter(bucket__gte=now - UNPRICED_LOOKBACK, unpriced_requests__gt=0)
+        .values_list("target", flat=True)
+        .distinct()
+    )
+    return pricing.unpriced_targets(snapshot, now.date(), served)

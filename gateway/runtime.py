@@ -112,7 +112,7 @@ class Runtime:
         self.tracker = QuotaTracker(
             _quota_store(self.redis), on_transition=self._on_transition, on_windows=self._on_windows
         )
-        self.requestlog = requestlog.new_writer()
+        self.requestlog = requestlog.new_writer(lambda: self.snapshot)
         self.snapshots: BatchWriter[tuple[str, str, list[Window]]] = BatchWriter(
             "quota snapshots", quota_services.snapshots_write, maxsize=2000, flush_s=2.0
         )

@@ -307,6 +307,22 @@ def check_catalog(snapshot: object) -> list[Check]:
     return out
 
 
+def check_prices(snapshot: object) -> list[Check]:
+    """A warning per configured (or recently served) model without a price: its requests get
+    no cost and count as unpriced (docs/usage.md)."""
+    from combos.selectors import unpriced_targets
+    from routing import pricing
+    from routing.types import ConfigSnapshot
+
+    assert isinstance(snapshot, ConfigSnapshot)
+    if not snapshot.providers:
+        return []
+    missing = unpriced_targets(snapshot)
+    if not missing:
+        return [Check("prices", OK, "every configured model has a price")]
+    return [Check(f"price {key}", WARN, pricing.unpriced_note(key)) for key in missing]
+
+
 def check_open_files() -> Check:
     """The open-files limit `ocx serve` will run with (it raises the soft limit to the hard)
     against `HEADROOM` × the streams one worker is expected to carry."""
@@ -349,6 +365,7 @@ def run_checks(*, host: str) -> list[Check]:
     checks.extend(check_providers(snapshot))
     checks.extend(check_combos(snapshot))
     checks.extend(check_catalog(snapshot))
+    checks.extend(check_prices(snapshot))
     return checks
 
 

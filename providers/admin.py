@@ -85,7 +85,15 @@ class ProviderForm(forms.ModelForm):  # type: ignore[type-arg]
             "idle_ms",
             "total_ms",
             "max_connections",
+            "pricing_provider",
         ]
+        help_texts = {
+            "pricing_provider": (
+                "The genai-prices provider id whose prices cost this provider's requests "
+                "(openai, anthropic, openrouter, google, azure, …). Empty: inferred from the "
+                "adapter and base URL; a local server has none. A model's own price wins."
+            )
+        }
 
     def raw(self) -> dict[str, object]:
         data = self.cleaned_data
@@ -101,6 +109,7 @@ class ProviderForm(forms.ModelForm):  # type: ignore[type-arg]
                 "totalMs": data.get("total_ms"),
             },
             "maxConnections": data.get("max_connections"),
+            "pricingProvider": data.get("pricing_provider") or None,
         }
         if data.get("api_key_env"):
             raw["apiKeyEnv"] = data["api_key_env"]
@@ -144,6 +153,9 @@ class ProviderModelFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
                 entry["inputModalities"] = data["input_modalities"]
             if data.get("reasoning_efforts") is not None:
                 entry["reasoningEfforts"] = data["reasoning_efforts"]
+            price = model_price(data)
+            if price is not None:
+                entry["price"] = price
             if data["model_id"] in models:
                 raise forms.ValidationError(f"model {data['model_id']} is listed twice")
             models[data["model_id"]] = entry
@@ -161,6 +173,21 @@ class ProviderModelFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
             raise forms.ValidationError(messages)
 
 
+# The model's `price` as three columns: (form field, JSON key, column label).
+PRICE_COLUMNS = (
+    ("price_input", "inputPerMTok", "input $/MTok"),
+    ("price_cached_input", "cachedInputPerMTok", "cached input $/MTok"),
+    ("price_output", "outputPerMTok", "output $/MTok"),
+)
+
+
+def model_price(data: dict[str, Any]) -> dict[str, object] | None:
+    """The `price` object of a model row, or None when no price column is filled (the
+    genai-prices data prices it). Checked by `validate.validate_provider` like the API."""
+    price = {key: data[field] for field, key, _ in PRICE_COLUMNS if data.get(field) is not None}
+    return price or None
+
+
 class ProviderModelForm(forms.ModelForm):  # type: ignore[type-arg]
     input_modalities = forms.CharField(
         required=False, help_text="text or text,image; empty = not declared"
@@ -168,6 +195,15 @@ class ProviderModelForm(forms.ModelForm):  # type: ignore[type-arg]
     reasoning_efforts = forms.CharField(
         required=False, help_text="low,medium,high; empty = unknown; - = no effort control"
     )
+    price_input = forms.FloatField(
+        label=PRICE_COLUMNS[0][2],
+        required=False,
+        help_text="USD per million tokens; empty = the genai-prices price",
+    )
+    price_cached_input = forms.FloatField(
+        label=PRICE_COLUMNS[1][2], required=False, help_text="empty = the input price"
+    )
+    price_output = forms.FloatField(label=PRICE_COLUMNS[2][2], required=False)
 
     class Meta:
         model = ProviderModel
@@ -187,6 +223,14 @@ class ProviderModelForm(forms.ModelForm):  # type: ignore[type-arg]
             value = getattr(self.instance, field, None)
             if value is not None:
                 self.initial[field] = ",".join(value) if value else "-"
+        price = getattr(self.instance, "price", None) or {}
+        for field, key, _ in PRICE_COLUMNS:
+            if key in price:
+                self.initial[field] = price[key]
+
+    def save(self, commit: bool = True) -> Any:
+        self.instance.price = model_price(self.cleaned_data)
+        return super().save(commit)
 
     def clean_input_modalities(self) -> list[str] | None:
         return _csv(self.cleaned_data.get("input_modalities", ""))
@@ -229,6 +273,7 @@ class ProviderAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 )
             },
         ),
+        ("Prices", {"fields": ("pricing_provider",)}),
     )
 
     @admin.display(description="credential")

@@ -21,6 +21,8 @@ class Provider(models.Model):
     total_ms = models.PositiveIntegerField(default=600000)
     # Upstream connections per worker; null = OCX_UPSTREAM_MAX_CONNECTIONS.
     max_connections = models.PositiveIntegerField(null=True, blank=True)
+    # The genai-prices provider id of its prices; "" = inferred (routing.pricing).
+    pricing_provider = models.CharField(max_length=64, blank=True, default="")
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -41,6 +43,9 @@ class ProviderModel(models.Model):
     reasoning_efforts = models.JSONField(null=True, blank=True)
     display_name = models.CharField(max_length=128, blank=True, default="")
     parallel_tool_calls = models.BooleanField(null=True, blank=True)
+    # USD per million tokens: {"inputPerMTok", "cachedInputPerMTok"?, "outputPerMTok"}; null =
+    # the genai-prices data's price. Validated by routing.validate like the rest.
+    price = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ("provider__name", "model_id")

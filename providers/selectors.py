@@ -28,6 +28,8 @@ def provider_raw(provider: Provider) -> dict[str, object]:
     }
     if provider.max_connections is not None:
         raw["maxConnections"] = provider.max_connections
+    if provider.pricing_provider:
+        raw["pricingProvider"] = provider.pricing_provider
     models: dict[str, object] = {}
     for m in provider.models.all():
         entry: dict[str, object] = {}
@@ -43,6 +45,8 @@ def provider_raw(provider: Provider) -> dict[str, object]:
             entry["displayName"] = m.display_name
         if m.parallel_tool_calls is not None:
             entry["parallelToolCalls"] = m.parallel_tool_calls
+        if m.price is not None:
+            entry["price"] = dict(m.price)
         models[m.model_id] = entry
     if models:
         raw["models"] = models

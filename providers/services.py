@@ -120,6 +120,7 @@ def _write_provider(name: str, raw: Mapping[str, object], existing: Provider | N
     provider.idle_ms = spec.timeouts.idle_ms
     provider.total_ms = spec.timeouts.total_ms
     provider.max_connections = spec.max_connections
+    provider.pricing_provider = spec.pricing_provider or ""
     provider.full_clean(validate_unique=False, validate_constraints=False)
     provider.save()
     provider.models.all().delete()
@@ -137,6 +138,7 @@ def _write_provider(name: str, raw: Mapping[str, object], existing: Provider | N
             else list(model.reasoning_efforts),
             display_name=model.display_name or "",
             parallel_tool_calls=model.parallel_tool_calls,
+            price=None if model.price is None else validate.price_to_sparse(model.price),
         )
         row.full_clean(exclude=["provider"], validate_constraints=False)
         row.save()

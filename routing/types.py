@@ -31,6 +31,16 @@ class Timeouts:
 
 
 @dataclass(frozen=True)
+class ModelPrice:
+    """A model's own price in USD per million tokens (metadata `price`); it wins over the
+    genai-prices data. `cached_input` None = cached input at the `input` price."""
+
+    input: float
+    output: float
+    cached_input: float | None = None
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """One model of a provider. `reasoning_efforts`: None = unknown, () = no effort control."""
 
@@ -41,6 +51,7 @@ class ModelSpec:
     reasoning_efforts: tuple[str, ...] | None = None
     display_name: str | None = None
     parallel_tool_calls: bool | None = None
+    price: ModelPrice | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,9 @@ class ProviderSpec:
     models: Mapping[str, ModelSpec] = field(default_factory=_empty_map)  # type: ignore[arg-type]
     # Upstream connections per worker; None = `OCX_UPSTREAM_MAX_CONNECTIONS`.
     max_connections: int | None = None
+    # The genai-prices provider id this provider's prices come from; None = inferred from the
+    # adapter and base URL (`routing.pricing.pricing_provider`).
+    pricing_provider: str | None = None
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from routing.types import (
     STRATEGIES,
     ComboSpec,
     ConfigSnapshot,
+    ModelPrice,
     ModelSpec,
     ProviderSpec,
     TargetSpec,
@@ -260,6 +261,7 @@ _PROVIDER_FIELDS: frozenset[str] = frozenset(
         "disabled",
         "timeouts",
         "maxConnections",
+        "pricingProvider",
         "models",
     }
 )
@@ -271,7 +273,14 @@ _MODEL_FIELDS: frozenset[str] = frozenset(
         "reasoningEfforts",
         "displayName",
         "parallelToolCalls",
+        "price",
     }
+)
+# A model's `price`, USD per million tokens: (JSON key, required).
+_PRICE_FIELDS: tuple[tuple[str, bool], ...] = (
+    ("inputPerMTok", True),
+    ("cachedInputPerMTok", False),
+    ("outputPerMTok", True),
 )
 _TIMEOUT_FIELDS: tuple[tuple[str, str], ...] = (
     ("connectMs", "connect_ms"),
@@ -801,6 +810,59 @@ def msg_model_parallel(model_id: str) -> str:
     return f'models["{model_id}"].parallelToolCalls must be a boolean'
 
 
+def msg_model_price(model_id: str) -> str:
+    return (
+        f'models["{model_id}"].price must be an object like {{"inputPerMTok": 1.25, '
+        '"cachedInputPerMTok": 0.125, "outputPerMTok": 10}} (USD per million tokens)'
+    )
+
+
+def msg_model_price_value(model_id: str, key: str) -> str:
+    return f'models["{model_id}"].price.{key} must be a number >= 0 (USD per million tokens)'
+
+
+def msg_model_price_required(model_id: str, key: str) -> str:
+    return f'models["{model_id}"].price.{key} is required (USD per million tokens)'
+
+
+MSG_PRICING_PROVIDER = (
+    "pricingProvider must be null or a provider id of the genai-prices data, such as "
+    '"openai", "anthropic", "openrouter", "google", "azure" or "groq"'
+)
+
+
+def _price_number(value: object) -> float | None:
+    """A JSON number >= 0 (not a bool, not NaN or infinite), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not math.isfinite(value) or value < 0:
+        return None
+    return value
+
+
+def _validate_price(model_id: str, raw: object, prefix: Path) -> list[Issue]:
+    path: Path = (*prefix, "price")
+    if not isinstance(raw, Mapping):
+        return [Issue(path, msg_model_price(model_id))]
+    issues: list[Issue] = []
+    for key, required in _PRICE_FIELDS:
+        value = raw.get(key)
+        if value is None:
+            if required:
+                issues.append(Issue((*path, key), msg_model_price_required(model_id, key)))
+        elif _price_number(value) is None:
+            issues.append(Issue((*path, key), msg_model_price_value(model_id, key)))
+    return issues + _unknown(raw, [k for k, _ in _PRICE_FIELDS], path)
+
+
+def _validate_pricing_provider(value: object) -> list[Issue]:
+    from routing.pricing import provider_ids
+
+    if value is None or (isinstance(value, str) and value in provider_ids()):
+        return []
+    return [Issue(("pricingProvider",), MSG_PRICING_PROVIDER)]
+
+
 def _is_http_url(value: object) -> bool:
     if not isinstance(value, str) or not value or value != js_trim(value):
         return False
@@ -895,6 +957,8 @@ def _validate_model(model_id: str, raw: object) -> list[Issue]:
     parallel = raw.get("parallelToolCalls")
     if parallel is not None and not isinstance(parallel, bool):
         issues.append(Issue((*prefix, "parallelToolCalls"), msg_model_parallel(model_id)))
+    if raw.get("price") is not None:
+        issues.extend(_validate_price(model_id, raw["price"], prefix))
     return issues + _unknown(raw, _MODEL_FIELDS, prefix)
 
 
@@ -904,7 +968,8 @@ def validate_provider(name: str, raw: object, *, combo_ids: Collection[str]) -> 
     Checks the name grammar (as a combo id), the reserved `combo` name while `combo_ids` is
     non-empty and a clash with a combo id; then `adapter` and `baseUrl` (required), `apiKeyEnv`,
     the write-only `apiKey`, `headers`, `disabled`, `timeouts`, `maxConnections` (null: the
-    `OCX_UPSTREAM_MAX_CONNECTIONS` default), `models.<id>` and unknown fields.
+    `OCX_UPSTREAM_MAX_CONNECTIONS` default), `pricingProvider` (null: inferred), `models.<id>`
+    (with its optional `price`) and unknown fields.
     Paths are relative to the provider; name problems have the path `()`.
     """
     return _validate_provider(name, raw, combo_ids=combo_ids, check_collision=True)
@@ -945,6 +1010,8 @@ def _validate_provider(
     limit = raw.get("maxConnections")
     if limit is not None and _int_in(limit, 1, MAX_CONNECTIONS_LIMIT) is None:
         issues.append(Issue(("maxConnections",), MSG_MAX_CONNECTIONS))
+    if "pricingProvider" in raw:
+        issues.extend(_validate_pricing_provider(raw["pricingProvider"]))
     models = raw.get("models")
     if models is not None:
         if not isinstance(models, Mapping):
@@ -964,6 +1031,17 @@ def _opt_tuple(value: object, allowed: tuple[str, ...]) -> tuple[str, ...] | Non
     return tuple(dict.fromkeys(v for v in value if isinstance(v, str) and v in allowed))
 
 
+def normalize_price(raw: object) -> ModelPrice | None:
+    if not isinstance(raw, Mapping):
+        return None
+    inp, out = _price_number(raw.get("inputPerMTok")), _price_number(raw.get("outputPerMTok"))
+    if inp is None or out is None:
+        return None
+    return ModelPrice(
+        input=inp, output=out, cached_input=_price_number(raw.get("cachedInputPerMTok"))
+    )
+
+
 def _normalize_model(model_id: str, raw: object) -> ModelSpec:
     m = raw if isinstance(raw, Mapping) else {}
     display = m.get("displayName")
@@ -977,6 +1055,7 @@ def _normalize_model(model_id: str, raw: object) -> ModelSpec:
         reasoning_efforts=_opt_tuple(m.get("reasoningEfforts"), EFFORTS),
         display_name=_trimmed_str(display) or None,
         parallel_tool_calls=parallel if isinstance(parallel, bool) else None,
+        price=normalize_price(m.get("price")),
     )
 
 
@@ -997,6 +1076,7 @@ def normalize_provider(
     defaults = Timeouts()
     models = raw.get("models")
     adapter = raw.get("adapter")
+    pricing = raw.get("pricingProvider")
     return ProviderSpec(
         name=name,
         adapter=adapter if isinstance(adapter, str) else "",
@@ -1016,6 +1096,7 @@ def normalize_provider(
             }
         ),
         max_connections=_int_in(raw.get("maxConnections"), 1, MAX_CONNECTIONS_LIMIT),
+        pricing_provider=pricing if isinstance(pricing, str) and pricing else None,
         models=MappingProxyType(
             {
                 mid: _normalize_model(mid, m)
@@ -1040,6 +1121,16 @@ def _model_to_sparse(model: ModelSpec) -> dict[str, object]:
         out["displayName"] = model.display_name
     if model.parallel_tool_calls is not None:
         out["parallelToolCalls"] = model.parallel_tool_calls
+    if model.price is not None:
+        out["price"] = price_to_sparse(model.price)
+    return out
+
+
+def price_to_sparse(price: ModelPrice) -> dict[str, float]:
+    out = {"inputPerMTok": price.input}
+    if price.cached_input is not None:
+        out["cachedInputPerMTok"] = price.cached_input
+    out["outputPerMTok"] = price.output
     return out
 
 
@@ -1068,6 +1159,8 @@ def provider_to_sparse(spec: ProviderSpec) -> dict[str, object]:
         out["timeouts"] = timeouts
     if spec.max_connections is not None:
         out["maxConnections"] = spec.max_connections
+    if spec.pricing_provider is not None:
+        out["pricingProvider"] = spec.pricing_provider
     if spec.models:
         out["models"] = {mid: _model_to_sparse(m) for mid, m in spec.models.items()}
     return out

@@ -34,6 +34,9 @@ class UsageRollupAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "output_tokens",
         "reasoning_tokens",
         "unknown_usage_requests",
+        "cost_usd",
+        "api_value_usd",
+        "unpriced_requests",
     )
     list_filter = ("resolution", "status_class", "combo")
     search_fields = ("user", "key_prefix", "target", "model")

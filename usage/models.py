@@ -26,6 +26,10 @@ COUNTERS = (
     "ttft_count",
     *(f"latency_b{i}" for i in range(len(LATENCY_BOUNDS_MS) + 1)),
     *(f"ttft_b{i}" for i in range(len(TTFT_BOUNDS_MS) + 1)),
+    # Cost (issue 27): served requests whose target has no price, and the USD sums (floats).
+    "unpriced_requests",
+    "cost_usd",
+    "api_value_usd",
 )
 
 
@@ -73,6 +77,11 @@ class UsageRollup(models.Model):
     ttft_b6 = _counter()
     ttft_b7 = _counter()
     ttft_b8 = _counter()
+    unpriced_requests = _counter()
+    # USD: the requests' cost, and their value at API prices (= cost except on subscription
+    # targets such as chatgpt, which cost 0). A request of unknown cost adds nothing.
+    cost_usd = models.FloatField(default=0.0)
+    api_value_usd = models.FloatField(default=0.0)
 
     class Meta:
         ordering = ("-bucket",)
@@ -114,6 +123,11 @@ class RequestLog(models.Model):
     input_tokens = models.PositiveIntegerField(null=True, blank=True)
     output_tokens = models.PositiveIntegerField(null=True, blank=True)
     cached_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # USD, computed by the writer from the usage and the target's price (routing.pricing):
+    # null = unknown (no usage report, or no price). A chatgpt target costs 0; `api_value_usd`
+    # is what the request would have cost at API prices (= cost elsewhere).
+    cost_usd = models.FloatField(null=True, blank=True)
+    api_value_usd = models.FloatField(null=True, blank=True)
     # Route trace: attempts [{target, status, reason, cooled_until, ms}], skipped [[key, why]].
     attempts = models.JSONField(default=list, blank=True)
     skipped = models.JSONField(default=list, blank=True)

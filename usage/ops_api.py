@@ -45,6 +45,9 @@ def _entry(row: RequestLog) -> dict[str, object]:
             "outputTokens": row.output_tokens,
             "cachedTokens": row.cached_tokens,
         },
+        # USD (docs/usage.md): null = unknown (no price, or no usage reported).
+        "costUsd": row.cost_usd,
+        "apiValueUsd": row.api_value_usd,
         "attempts": row.attempts,
         "skipped": row.skipped,
     }

@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,8 @@ from django.db import connection, transaction
 from django.db.models import CharField
 from django.utils import timezone
 
+from routing.pricing import PriceBook
+from routing.types import ConfigSnapshot
 from server import metrics
 from server.background import BatchWriter
 
@@ -45,6 +48,11 @@ class RequestEntry:
     # The request's token usage for accounting and budgets: input/output/cached/reasoning, all
     # None when the upstream reported none (unknown, never zero). Not in the RequestLog table.
     reasoning_tokens: int | None = None
+    # Set by the writer (`price_entries`), never on the hot path: the cost in USD and the value
+    # at API prices (None = unknown), and whether the target has no price at all.
+    cost_usd: float | None = None
+    api_value_usd: float | None = None
+    unpriced: bool = False
     key_id: int | None = None
     # Time from the request's arrival to the response start (commit), when it got that far.
     ttft_ms: int | None = None
@@ -104,7 +112,59 @@ def clean_entry(entry: RequestEntry) -> RequestEntry:
     return entry
 
 
-def write_entries(entries: list[RequestEntry]) -> None:
+_prices = PriceBook()
+_db_snapshot: tuple[int, ConfigSnapshot] | None = None
+
+
+def _stored_snapshot() -> ConfigSnapshot:
+    """The stored config, read again only when its version moved (a writer without a runtime)."""
+    global _db_snapshot
+    from combos import selectors
+
+    version = selectors.config_version()
+    if _db_snapshot is None or _db_snapshot[0] != version:
+        _db_snapshot = (version, selectors.config_snapshot())
+    return _db_snapshot[1]
+
+
+def price_entries(entries: list[RequestEntry], snapshot: ConfigSnapshot | None) -> None:
+    """Each served entry's cost from its usage and its target's price, per batch in the writer's
+    thread; rates are looked up once per (provider, model) and day (`PriceBook`)."""
+    if not any(e.target for e in entries):
+        return
+    config = snapshot if snapshot is not None else _stored_snapshot()
+    failed = False
+    for e in entries:
+        if not e.target:
+            continue
+        try:
+            priced = _prices.price(
+                config,
+                e.target,
+                at=e.at,
+                input_tokens=e.input_tokens,
+                cached_tokens=e.cached_tokens,
+                output_tokens=e.output_tokens,
+            )
+        except Exception:  # noqa: BLE001 - a pricing fault must not lose the batch's rows
+            if not failed:  # once per batch
+                failed = True
+                log.exception("request log: pricing %s failed; written without a cost", e.target)
+            continue
+        e.cost_usd, e.api_value_usd, e.unpriced = (
+            priced.cost_usd,
+            priced.api_value_usd,
+            priced.unpriced,
+        )
+
+
+def write_entries(
+    entries: list[RequestEntry], snapshot: Callable[[], ConfigSnapshot | None] | None = None
+) -> None:
+    """Write one batch: price it (`snapshot` gives the serving process's config; without one
+    the stored config is read), then the log rows and the usage counts."""
+    if settings.OCX_REQUEST_LOG or settings.OCX_USAGE:
+        price_entries(entries, None if snapshot is None else snapshot())
     # The log rows and the usage counts of a batch commit together: a batch kept and retried
     # while the database is unreachable is then neither half written nor counted twice.
     for entry in entries:
@@ -210,10 +270,12 @@ def _write_log(entries: list[RequestEntry]) -> None:
             cursor.executemany(insert.sql, rows)
 
 
-def new_writer() -> BatchWriter[RequestEntry]:
+def new_writer(
+    snapshot: Callable[[], ConfigSnapshot | None] | None = None,
+) -> BatchWriter[RequestEntry]:
     return BatchWriter(
         "request log",
-        write_entries,
+        functools.partial(write_entries, snapshot=snapshot),
         maxsize=settings.OCX_REQUEST_LOG_QUEUE,
         on_drop=metrics.REQUEST_LOG_DROPPED.inc,
         ident=lambda entry: entry.request_id,

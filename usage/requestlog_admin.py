@@ -192,6 +192,7 @@ class RequestLogAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                     "served",
                     "stream",
                     "tokens",
+                    "cost",
                 )
             },
         ),
@@ -205,6 +206,7 @@ class RequestLogAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "combo_name",
         "served",
         "tokens",
+        "cost",
         "attempts_view",
         "skipped_view",
     )
@@ -246,6 +248,15 @@ class RequestLogAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if obj.input_tokens is None and obj.output_tokens is None:
             return "—"
         return f"{obj.input_tokens or 0} / {obj.output_tokens or 0}"
+
+    @admin.display(description="cost")
+    def cost(self, obj: RequestLog) -> str:
+        if obj.cost_usd is None:
+            return "— (no price or no usage reported)" if obj.target else "—"
+        text = f"${obj.cost_usd:.6f}"
+        if obj.api_value_usd is not None and obj.api_value_usd != obj.cost_usd:
+            text += f" (at API prices ${obj.api_value_usd:.6f})"
+        return text
 
     @admin.display(description="attempts")
     def attempts_view(self, obj: RequestLog) -> SafeString:

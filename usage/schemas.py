@@ -14,6 +14,11 @@ class UsageTotals(Schema):
     outputTokens: int
     reasoningTokens: int
     unknownUsageRequests: int
+    # USD: the cost (a chatgpt subscription target costs 0) and the value at API prices; a
+    # request whose target has no price adds nothing and counts in unpricedRequests.
+    costUsd: float
+    apiValueUsd: float
+    unpricedRequests: int
 
 
 class UsageReportOut(Schema):

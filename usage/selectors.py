@@ -25,7 +25,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "model": ("model",),
     "status": ("status_class",),
 }
-# The token counters every report shows, in camelCase.
+# The counters every report shows, in camelCase.
 REPORTED = {
     "requests": "requests",
     "inputTokens": "input_tokens",
@@ -33,7 +33,13 @@ REPORTED = {
     "outputTokens": "output_tokens",
     "reasoningTokens": "reasoning_tokens",
     "unknownUsageRequests": "unknown_usage_requests",
+    "costUsd": "cost_usd",
+    "apiValueUsd": "api_value_usd",
+    "unpricedRequests": "unpriced_requests",
 }
+# USD sums: floats, reported to the micro-dollar (a sum of float costs carries noise below it).
+MONEY = frozenset({"costUsd", "apiValueUsd"})
+USD_DIGITS = 6
 MAX_GROUPS = 2
 Bucket = Literal["minute", "hour", "day"]
 _TRUNC = {"minute": TruncMinute, "hour": TruncHour, "day": TruncDay}
@@ -149,11 +155,12 @@ def usage_report(query: UsageQuery) -> dict[str, Any]:
         if query.bucket is not None:
             row["at"] = _iso(r["at"])
         for out, column in REPORTED.items():
-            row[out] = r[column]
+            row[out] = _value(out, r[column])
             totals[out] += r[column]
         rows.append(row)
     if not rows and not columns and not query.bucket:
         totals = {out: raw[0][column] for out, column in REPORTED.items()}
+    totals = {out: _value(out, value) for out, value in totals.items()}
     return {
         "since": _iso(query.since),
         "until": _iso(query.until),
@@ -161,6 +168,10 @@ def usage_report(query: UsageQuery) -> dict[str, Any]:
         "rows": rows,
         "totals": totals,
     }
+
+
+def _value(name: str, value: Any) -> Any:
+    return round(float(value), USD_DIGITS) if name in MONEY else int(value)
 
 
 # A spreadsheet runs a cell starting with one of these as a formula (OWASP "CSV injection").
@@ -205,6 +216,7 @@ def _iso(value: dt.datetime) -> str:
 
 __all__ = [
     "GROUPS",
+    "MONEY",
     "UsageQuery",
     "UsageQueryError",
     "build_query",

@@ -29,6 +29,9 @@ RowKey = tuple[Any, ...]
 _COUNTER_INDEX = {name: i for i, name in enumerate(COUNTERS)}
 _LAT0 = _COUNTER_INDEX["latency_b0"]
 _TTFT0 = _COUNTER_INDEX["ttft_b0"]
+_UNPRICED = _COUNTER_INDEX["unpriced_requests"]
+_COST = _COUNTER_INDEX["cost_usd"]
+_API_VALUE = _COUNTER_INDEX["api_value_usd"]
 _UNIQUE = ("resolution", "bucket", "user", "key_id", "combo", "target", "model", "status_class")
 _CHUNK = 100
 COMPACT_AFTER = dt.timedelta(days=1)
@@ -53,6 +56,10 @@ class UsageRecord(Protocol):
     output_tokens: int | None
     cached_tokens: int | None
     reasoning_tokens: int | None
+    # Priced by the request-log writer before the batch is counted (routing.pricing).
+    cost_usd: float | None
+    api_value_usd: float | None
+    unpriced: bool
     attempts: list[dict[str, Any]]
 
 
@@ -60,9 +67,9 @@ def status_class(status: int) -> str:
     return f"{status // 100}xx" if 100 <= status <= 599 else "err"
 
 
-def aggregate(records: Iterable[UsageRecord]) -> dict[RowKey, list[int]]:
+def aggregate(records: Iterable[UsageRecord]) -> dict[RowKey, list[float]]:
     """Sum a batch in memory: one counter vector per (minute, dimensions)."""
-    rows: dict[RowKey, list[int]] = {}
+    rows: dict[RowKey, list[float]] = {}
     for r in records:
         key = (
             int(r.at) // MINUTE * MINUTE,
@@ -98,10 +105,16 @@ def aggregate(records: Iterable[UsageRecord]) -> dict[RowKey, list[int]]:
             c[9] += r.ttft_ms
             c[10] += 1
             c[_TTFT0 + bisect.bisect_left(TTFT_BOUNDS_MS, r.ttft_ms)] += 1
+        if r.unpriced:
+            c[_UNPRICED] += 1
+        if r.cost_usd is not None:
+            c[_COST] += r.cost_usd
+        if r.api_value_usd is not None:
+            c[_API_VALUE] += r.api_value_usd
     return rows
 
 
-def _upsert(rows: Mapping[RowKey, Sequence[int]], resolution: int) -> None:
+def _upsert(rows: Mapping[RowKey, Sequence[float]], resolution: int) -> None:
     if not rows:
         return
     q = connection.ops.quote_name
@@ -158,7 +171,7 @@ def compact(*, now: dt.datetime, retention_days: int) -> tuple[int, int]:
             if deleted != len(found):
                 # Another worker folded some of them first: roll back, let it finish.
                 raise transaction.TransactionManagementError("usage rows folded concurrently")
-            hours: dict[RowKey, list[int]] = {}
+            hours: dict[RowKey, list[float]] = {}
             for row in found:
                 start_s = int(row["bucket"].timestamp()) // HOUR * HOUR
                 key = (start_s, *(row[d] for d in DIMENSIONS))

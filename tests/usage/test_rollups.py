@@ -36,8 +36,10 @@ def entry(
     ms: int = 300,
     ttft: int | None = 120,
     attempts: list[dict[str, Any]] | None = None,
+    cost: tuple[float | None, float | None, bool] = (None, None, False),
 ) -> RequestEntry:
     inp, out, cached, reasoning = tokens
+    cost_usd, api_value_usd, unpriced = cost
     return RequestEntry(
         request_id="r",
         at=at.timestamp(),
@@ -56,6 +58,9 @@ def entry(
         key_id=key_id,
         ttft_ms=ttft,
         attempts=attempts or [],
+        cost_usd=cost_usd,
+        api_value_usd=api_value_usd,
+        unpriced=unpriced,
     )
 
 
@@ -200,10 +205,12 @@ def test_parse_time_and_query_errors() -> None:
 def test_report_groups_csv_and_buckets() -> None:
     services.record_requests(
         records=[
-            entry(),
-            entry(key_id=2, target="q/n"),
-            entry(user="bob", tokens=(None, None, None, None)),
-            entry(at=T0 + dt.timedelta(hours=1)),
+            entry(cost=(0.25, 0.25, False)),
+            # A subscription target: no cost, a value at API prices.
+            entry(key_id=2, target="q/n", cost=(0.0, 0.5, False)),
+            # No price for its target: no cost, counted as unpriced.
+            entry(user="bob", tokens=(None, None, None, None), cost=(None, None, True)),
+            entry(at=T0 + dt.timedelta(hours=1), cost=(0.125, 0.125, False)),
         ]
     )
     now = T0 + dt.timedelta(hours=2)
@@ -221,6 +228,9 @@ def test_report_groups_csv_and_buckets() -> None:
         "outputTokens": 60,
         "reasoningTokens": 15,
         "unknownUsageRequests": 1,
+        "costUsd": 0.375,
+        "apiValueUsd": 0.875,
+        "unpricedRequests": 1,
     }
     parsed = list(csv.DictReader(io.StringIO(selectors.report_csv(report))))
     assert parsed[0] == {
@@ -233,6 +243,9 @@ def test_report_groups_csv_and_buckets() -> None:
         "outputTokens": "40",
         "reasoningTokens": "10",
         "unknownUsageRequests": "1",
+        "costUsd": "0.375",
+        "apiValueUsd": "0.375",
+        "unpricedRequests": "1",
     }
     hourly = selectors.usage_report(
         selectors.build_query(by="user", since="1d", until=None, now=now, bucket="hour")
@@ -273,7 +286,10 @@ def test_csv_export_defuses_formula_cells() -> None:
 def test_ocx_usage_command_table_json_csv(capsys: pytest.CaptureFixture[str]) -> None:
     now = dt.datetime.now(dt.UTC)
     services.record_requests(
-        records=[entry(at=now), entry(at=now, user="bob-the-long-name", tokens=(7, 3, 0, 0))]
+        records=[
+            entry(at=now, tokens=(123456, 2000, 1000, 5), cost=(1.2345, 1.2345, False)),
+            entry(at=now, user="bob-the-long-name", tokens=(7, 3, 0, 0), cost=(None, None, True)),
+        ]
     )
     call_command("usage", "--by", "user", "--since", "1h")
     lines = capsys.readouterr().out.splitlines()
@@ -286,18 +302,30 @@ def test_ocx_usage_command_table_json_csv(capsys: pytest.CaptureFixture[str]) ->
         "OUTPUT",
         "REASONING",
         "UNKNOWN",
+        "COST",
+        "API_VALUE",
+        "UNPRICED",
     ]
-    assert lines[2].split() == ["ann", "1", "100", "10", "20", "5", "0"]
-    assert lines[3].split() == ["bob-the-long-name", "1", "7", "0", "3", "0", "0"]
-    assert lines[4].split() == ["TOTAL", "2", "107", "10", "23", "5", "0"]
+    # Tokens with thousands separators, dollars with cents.
+    assert lines[2].split() == [
+        *("ann", "1", "123,456", "1,000", "2,000", "5", "0", "$1.23", "$1.23", "0")
+    ]
+    assert lines[3].split() == [
+        *("bob-the-long-name", "1", "7", "0", "3", "0", "0", "$0.00", "$0.00", "1")
+    ]
+    assert lines[4].split() == [
+        *("TOTAL", "2", "123,463", "1,000", "2,003", "5", "0", "$1.23", "$1.23", "1")
+    ]
     # Columns line up: every line's numbers end at the same place.
     assert len({len(line) for line in lines[1:]}) == 1
     call_command("usage", "--by", "user", "--since", "1h", "--json")
     data = json.loads(capsys.readouterr().out)
-    assert data["totals"]["inputTokens"] == 107 and len(data["rows"]) == 2
+    assert data["totals"]["inputTokens"] == 123463 and len(data["rows"]) == 2
+    assert (data["totals"]["costUsd"], data["totals"]["unpricedRequests"]) == (1.2345, 1)
     call_command("usage", "--by", "user", "--since", "1h", "--csv")
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert [r["user"] for r in rows] == ["ann", "bob-the-long-name"]
+    assert [(r["costUsd"], r["unpricedRequests"]) for r in rows] == [("1.2345", "0"), ("0.0", "1")]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -198,6 +198,10 @@ def test_request_without_upstream_usage_is_unknown(server: Server, mock: Mock) -
             "outputTokens": 0,
             "reasoningTokens": 0,
             "unknownUsageRequests": 2,
+            # A local server has no price: no cost, and counted as unpriced.
+            "costUsd": 0.0,
+            "apiValueUsd": 0.0,
+            "unpricedRequests": 2,
         }
     ]
 
@@ -206,7 +210,9 @@ def test_api_usage_params_csv_and_cli(server: Server, mock: Mock) -> None:
     tag = uuid.uuid4().hex[:6]
     users = [f"c{tag}a", f"c{tag}b"]
     provider = f"p{tag}"
-    server.put_provider(provider, _provider(mock, "openai-responses", ["m-csv"]))
+    spec = _provider(mock, "openai-responses", ["m-csv"])
+    spec["models"]["m-csv"]["price"] = {"inputPerMTok": 1000, "outputPerMTok": 5000}
+    server.put_provider(provider, spec)
     server.wait_synced()
     mock.script("m-csv", [], then={"usage": {"input_tokens": 20, "output_tokens": 4}})
     for i, user in enumerate(users):
@@ -232,6 +238,10 @@ def test_api_usage_params_csv_and_cli(server: Server, mock: Mock) -> None:
             "outputTokens": "4",
             "reasoningTokens": "0",
             "unknownUsageRequests": "0",
+            # 20 x $1000 + 4 x $5000 per million tokens.
+            "costUsd": "0.04",
+            "apiValueUsd": "0.04",
+            "unpricedRequests": "0",
         },
         {
             "user": users[1],
@@ -242,6 +252,9 @@ def test_api_usage_params_csv_and_cli(server: Server, mock: Mock) -> None:
             "outputTokens": "8",
             "reasoningTokens": "0",
             "unknownUsageRequests": "0",
+            "costUsd": "0.08",
+            "apiValueUsd": "0.08",
+            "unpricedRequests": "0",
         },
     ]
     # An ISO range that ends before the requests counts none of them.
@@ -292,8 +305,12 @@ def test_api_usage_params_csv_and_cli(server: Server, mock: Mock) -> None:
         "OUTPUT",
         "REASONING",
         "UNKNOWN",
+        "COST",
+        "API_VALUE",
+        "UNPRICED",
     ]
-    assert [users[1], "2", "40", "0", "8", "0", "0"] in [line.split() for line in lines]
+    want = [users[1], "2", "40", "0", "8", "0", "0", "$0.08", "$0.08", "0"]
+    assert want in [line.split() for line in lines]
     assert lines[-1].split()[0] == "TOTAL"
     bad = subprocess.run(
         [sys.executable, "-m", "ocxsite.cli", "usage", "--by", "colour"],
@@ -337,6 +354,9 @@ def test_totals_exact_across_three_workers(tmp_path: Path, mock: Mock) -> None:
             "outputTokens": 180,
             "reasoningTokens": 0,
             "unknownUsageRequests": 0,
+            "costUsd": 0.0,
+            "apiValueUsd": 0.0,
+            "unpricedRequests": 60,
         }
         # More writes cannot have been pending: the count is stable, not just reached.
         assert _usage(server, by="user", since="1h").json()["totals"]["requests"] == 60

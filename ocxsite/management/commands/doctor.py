@@ -14,7 +14,8 @@ EPILOG = """\
 checks: migrations applied, secret key source, Redis reachable (when REDIS_URL is set),
 the bind address against OCX_ALLOWED_HOSTS, the open-files limit (at least 4 x
 OCX_UPSTREAM_MAX_CONNECTIONS per worker), each provider's credential, each combo has an
-eligible target, the Codex catalog validates. Verdicts: ok, warn, fail; any fail exits 1.
+eligible target, the Codex catalog validates, every model has a price (docs/usage.md).
+Verdicts: ok, warn, fail; any fail exits 1.
 
 examples:
   ocx doctor

@@ -38,6 +38,11 @@ def _set_parser() -> _Parser:
         metavar="N|-",
         help="upstream connections per worker (- = the OCX_UPSTREAM_MAX_CONNECTIONS default)",
     )
+    p.add_argument(
+        "--pricing-provider",
+        metavar="ID|-",
+        help="genai-prices provider id for costs (- = inferred from adapter and base URL)",
+    )
     p.add_argument("--from-json", metavar="JSON", help="the whole provider object as JSON")
     return p
 
@@ -71,7 +76,8 @@ ocx provider list
                         [--header NAME=VALUE ...] [--model ID[:CONTEXT_WINDOW] ...]
        ocx provider set NAME [--adapter A] [--base-url URL] [--api-key-env VAR | --api-key-stdin]
                         [--header NAME=VALUE ...] [--model ID[:CONTEXT_WINDOW] ...]
-                        [--disabled | --enabled] [--max-connections N|-] [--from-json JSON]
+                        [--disabled | --enabled] [--max-connections N|-]
+                        [--pricing-provider ID|-] [--from-json JSON]
        ocx provider remove NAME --yes
 """
 EPILOG = """\
@@ -88,6 +94,10 @@ examples:
   ocx provider show openai
   ocx provider set openai --disabled
   ocx provider set openai --max-connections 2000   # per worker; default 1024
+  ocx provider set gateway --pricing-provider openai  # cost its requests at OpenAI's prices
+  ocx provider set local --from-json '{"adapter": "openai-chat", "baseUrl":
+      "http://127.0.0.1:8000/v1", "models": {"qwen3-coder": {"contextWindow": 128000,
+      "price": {"inputPerMTok": 0, "outputPerMTok": 0}}}}'   # a model's own price
   ocx provider remove local --yes
 """
 
@@ -195,6 +205,10 @@ class Command(ExamplesCommand):
             # Not a number stays a string: the validator's message names the field and range.
             text = ns.max_connections.strip()
             raw["maxConnections"] = int(text) if text.isdigit() else text
+        if ns.pricing_provider == "-":
+            raw.pop("pricingProvider", None)
+        elif ns.pricing_provider is not None:
+            raw["pricingProvider"] = ns.pricing_provider.strip()
         provider = services.provider_set(name=ns.name, raw=raw)
         self.stdout.write(f"Saved provider {provider.name}.")
 

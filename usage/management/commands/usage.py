@@ -1,4 +1,5 @@
-"""`ocx usage [--by user[,model]] [--since 7d] [--until T] [--json|--csv]`: token usage."""
+"""`ocx usage [--by user[,model]] [--since 7d] [--until T] [--json|--csv]`: token usage and
+cost."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ examples:
 
 
 class Command(ExamplesCommand):
-    help = "Token usage per user, key, combo, target or model over a time range."
+    help = "Token usage and cost per user, key, combo, target or model over a time range."
     examples = EPILOG
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -60,12 +61,17 @@ def _table(report: dict[str, Any]) -> str:
         "OUTPUT",
         "REASONING",
         "UNKNOWN",
+        "COST",
+        "API_VALUE",
+        "UNPRICED",
     ]
     lines = [
-        [_cell(row.get(d)) for d in dims] + [str(row[c]) for c in counters]
+        [_cell(row.get(d)) for d in dims] + [_number(c, row[c]) for c in counters]
         for row in report["rows"]
     ]
-    lines.append(["TOTAL"] + [""] * (len(dims) - 1) + [str(report["totals"][c]) for c in counters])
+    lines.append(
+        ["TOTAL"] + [""] * (len(dims) - 1) + [_number(c, report["totals"][c]) for c in counters]
+    )
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(headers)]
     numeric = len(dims)
 
@@ -77,6 +83,11 @@ def _table(report: dict[str, Any]) -> str:
 
     title = f"usage {report['since']} .. {report['until']}"
     return "\n".join([title, fmt(headers), *(fmt(line) for line in lines)])
+
+
+def _number(name: str, value: float) -> str:
+    """Dollars with cents, counts with thousands separators."""
+    return f"${value:,.2f}" if name in selectors.MONEY else f"{int(value):,}"
 
 
 def _cell(value: object) -> str:
