@@ -7,6 +7,7 @@ import os
 from dataclasses import replace
 from types import MappingProxyType
 
+from django.apps import apps
 from django.utils import timezone
 
 from combos.models import Combo, ComboTarget
@@ -247,11 +248,11 @@ UNPRICED_LOOKBACK = dt.timedelta(days=7)
 def unpriced_targets(snapshot: ConfigSnapshot) -> list[str]:
     """The configured targets and models without a price, and those served without one in the
     last week (an explicit provider/model a combo does not name)."""
-    from usage.models import UsageRollup
-
+    # Looked up by name: usage sits above combos (it counts what combos route).
+    rollups = apps.get_model("usage", "UsageRollup")
     now = timezone.now()
     served = (
-        UsageRollup.objects.filter(bucket__gte=now - UNPRICED_LOOKBACK, unpriced_requests__gt=0)
+        rollups.objects.filter(bucket__gte=now - UNPRICED_LOOKBACK, unpriced_requests__gt=0)
         .values_list("target", flat=True)
         .distinct()
     )
