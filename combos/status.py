@@ -255,11 +255,12 @@ def iso(ms: int | None) -> str | None:
 
 def label(ts: TargetState) -> str:
     """The badge text: "Cooling until 2026-01-02 03:04:05 UTC", "Available", "No credential" …"""
-    until = "?"
-    if ts.until is not None:
-        until = dt.datetime.fromtimestamp(ts.until / 1000, tz=dt.UTC).strftime(
-            "%Y-%m-%d %H:%M:%S UTC"
-        )
+    if ts.until is None:
+        # "Out of quota" with no reset time known says no more than that.
+        return LABELS[ts.state].replace(" until {until}", "")
+    until = dt.datetime.fromtimestamp(ts.until / 1000, tz=dt.UTC).strftime(
+        "%Y-%m-%d %H:%M:%S UTC"
+    )
     return LABELS[ts.state].format(until=until)
 
 

@@ -654,7 +654,11 @@ def test_missing_fallback_credential_answers_503_naming_the_variable(
     assert r.status_code == 503, r.text
     error = r.json()["error"]
     assert error["code"] == "combo_unavailable"
-    assert env in error["message"]
+    # The provider is named, with each target's state; never the server's variable (#26, #28).
+    assert f"{c.fallback}/{c.fm}: credential_missing: the credential of provider " in (
+        error["message"]
+    )
+    assert env not in r.text
     assert PRIMARY_KEY not in r.text
     assert mock.hits(c.pm) == 1
     assert mock.hits(c.fm) == 0

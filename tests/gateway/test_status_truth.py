@@ -206,7 +206,7 @@ def test_without_redis_the_cli_asks_the_running_server(server: Server, mock: Moc
 
 @pytest.mark.skipif(REDIS, reason="the in-process state only exists without REDIS_URL")
 def test_without_a_server_a_key_variable_is_unknown_from_here(server: Server, mock: Mock) -> None:
-    env = f"OCX_TEST_SERVER_ONLY_{uuid.uuid4().hex[:8].upper()}"
+    env = f"PROVIDER_TEST_SERVER_ONLY_{uuid.uuid4().hex[:8].upper()}"
     c = Setup(server, mock, apiKeyEnv=env)
     # Nobody listens on port 9: the command falls back to its own configured view, and does
     # not call the server's key missing because its own environment lacks the variable.
