@@ -258,9 +258,7 @@ def label(ts: TargetState) -> str:
     if ts.until is None:
         # "Out of quota" with no reset time known says no more than that.
         return LABELS[ts.state].replace(" until {until}", "")
-    until = dt.datetime.fromtimestamp(ts.until / 1000, tz=dt.UTC).strftime(
-        "%Y-%m-%d %H:%M:%S UTC"
-    )
+    until = dt.datetime.fromtimestamp(ts.until / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     return LABELS[ts.state].format(until=until)
 
 

@@ -655,8 +655,9 @@ def test_missing_fallback_credential_answers_503_naming_the_variable(
     error = r.json()["error"]
     assert error["code"] == "combo_unavailable"
     # The provider is named, with each target's state; never the server's variable (#26, #28).
-    assert f"{c.fallback}/{c.fm}: credential_missing: the credential of provider " in (
-        error["message"]
+    assert (
+        f"{c.fallback}/{c.fm}: credential_missing: the credential of provider "
+        in (error["message"])
     )
     assert env not in r.text
     assert PRIMARY_KEY not in r.text
