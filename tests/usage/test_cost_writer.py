@@ -93,10 +93,10 @@ def test_a_pricing_fault_writes_the_batch_without_a_cost(
 def test_the_request_page_and_the_rollup_list_show_the_cost(admin_client: Any) -> None:
     requestlog.write_entries(entries(time.time() - 5), snapshot=lambda: SNAPSHOT)
     priced = RequestLog.objects.get(request_id="r-priced")
-    page = admin_client.get(f"/admin/ocxsite/requestlog/{priced.pk}/change/").content.decode()
+    page = admin_client.get(f"/admin/usage/requestlog/{priced.pk}/change/").content.decode()
     assert "$0.002200" in page
     unpriced = RequestLog.objects.get(request_id="r-unpriced")
-    page = admin_client.get(f"/admin/ocxsite/requestlog/{unpriced.pk}/change/").content.decode()
+    page = admin_client.get(f"/admin/usage/requestlog/{unpriced.pk}/change/").content.decode()
     assert "— (no price or no usage reported)" in page
     listing = admin_client.get("/admin/usage/usagerollup/").content.decode()
     assert "column-cost_usd" in listing and "column-unpriced_requests" in listing
