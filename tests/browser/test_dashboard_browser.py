@@ -239,6 +239,22 @@ def test_dashboard_follows_live_traffic_and_events_page(
     )
     assert primary in labels and fallback in labels
     shot(page, f"dashboard-03-24h-per-target-{width}")
+    # Issue 28 items 9 and 4: every target is labelled on the latency chart, and "Clear" beside
+    # the cooling target frees it from the dashboard.
+    latency = page.evaluate("() => window.ocxDashboard.charts.latency.data.labels")
+    assert primary in latency and fallback in latency, latency
+    with page.expect_navigation():
+        page.click(f'#ocx-dash-live button.ocx-reset[value="{primary}"]')
+    message = page.locator(".messagelist").inner_text()
+    assert f"Cleared the routing state of {primary} in combo {combo_id}." in message, message
+    badge = page.locator(f'#ocx-dash-live .ocx-badge[data-target="{primary}"]').first
+    assert "Available" in badge.inner_text()
+    assert page.locator(f'#ocx-dash-live button.ocx-reset[value="{primary}"]').count() == 0
+    events = page.locator(".ocx-ev-reset").all_inner_texts()
+    assert any(
+        f"combo/{combo_id}: routing state cleared for {primary} (operator)" in t for t in events
+    ), events
+    shot(page, f"dashboard-04-cleared-{width}")
 
     # The events page: history from the database (the writer is off the hot path) ...
     page.goto("/admin/combos/combo/events/")
