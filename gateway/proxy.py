@@ -478,10 +478,13 @@ class ProxyApp:
         key: KeyInfo,
     ) -> None:
         """The request once its key is known and within its rpm limit, one domain question at a
-        time: where to (`_where_to`), may they on that route (`_admit`: quota and budgets in one
-        round trip), the wire (`_send`), what to record (`_record`)."""
+        time: where to (`_where_to`, `_recall`), may they on that route (`_admit`: quota and
+        budgets in one round trip), the wire (`_send`), what to record (`_record`)."""
         lane = lane_of(headers, request)
-        combo = await self._where_to(snapshot, model, lane, exchange, key)
+        resolution = resolve_model(model, snapshot)
+        if resolution.kind == "unresolved" and lane is not None:
+            resolution = await self._recall(resolution, snapshot, model, lane, key)
+        combo = _where_to(resolution, snapshot, model, exchange)
         encrypted = _check_shape(combo, snapshot, request, inbound)
         forwarded = _caller_headers(headers)
         caller = Caller(
@@ -497,47 +500,20 @@ class ProxyApp:
         if result is not None:
             await self._record(snapshot, combo, caller, pairs, gate, result, lane, key, exchange)
 
-    async def _where_to(
+    async def _recall(
         self,
+        resolution: Resolution,
         snapshot: ConfigSnapshot,
         model: str,
-        lane: str | None,
-        exchange: Exchange,
+        lane: str,
         key: KeyInfo,
-    ) -> ComboSpec:
-        """Where to (combos/routing): the combo the model names; a bare `provider/model` is a
-        combo of that one target with no id (no routing state)."""
-        resolution = resolve_model(model, snapshot)
-        if resolution.kind == "unresolved" and lane is not None:
-            # Compaction recall (reference §7): a bare upstream model name this client's
-            # session got from a combo earlier routes through that combo again.
-            recalled = await self.runtime.recall.recall(
-                str(key.id), lane, model, now=_now_ms(), live=snapshot_liveness(snapshot)
-            )
-            if recalled is not None:
-                resolution = Resolution("combo", combo_id=recalled)
-        if resolution.kind == "unknown_combo":
-            raise HTTPFailure(
-                404,
-                "invalid_request_error",
-                "model_not_found",
-                f"Unknown combo: {resolution.combo_id}",
-            )
-        if resolution.kind == "target":
-            assert resolution.provider is not None and resolution.model is not None
-            target = TargetSpec(resolution.provider, resolution.model)
-            if resolution.model not in snapshot.providers[resolution.provider].models:
-                # Any name goes upstream; metrics name only declared models (issue #26).
-                exchange.target_label = f"{resolution.provider}/{OTHER_MODEL}"
-            return ComboSpec(id="", targets=(target,))
-        if resolution.kind == "combo":
-            assert resolution.combo_id is not None
-            combo = snapshot.combos[resolution.combo_id]
-            exchange.combo = exchange.entry.combo = combo.id
-            return combo
-        raise HTTPFailure(
-            404, "invalid_request_error", "model_not_found", f"Unknown model: {model}"
+    ) -> Resolution:
+        """Compaction recall (reference §7): a bare upstream model name this client's session
+        got from a combo earlier routes through that combo again."""
+        recalled = await self.runtime.recall.recall(
+            str(key.id), lane, model, now=_now_ms(), live=snapshot_liveness(snapshot)
         )
+        return resolution if recalled is None else Resolution("combo", combo_id=recalled)
 
     async def _admit(
         self,
@@ -816,6 +792,33 @@ async def _ingest_quota(
         return any(is_exhausted(w, now=now) for w in windows)
     await runtime.tracker.ingest(pair, windows, outcome="success", now=now)
     return False
+
+
+def _where_to(
+    resolution: Resolution, snapshot: ConfigSnapshot, model: str, exchange: Exchange
+) -> ComboSpec:
+    """Where to (combos/routing): the combo the model resolved to; a bare `provider/model` is a
+    combo of that one target with no id (no routing state)."""
+    if resolution.kind == "unknown_combo":
+        raise HTTPFailure(
+            404,
+            "invalid_request_error",
+            "model_not_found",
+            f"Unknown combo: {resolution.combo_id}",
+        )
+    if resolution.kind == "target":
+        assert resolution.provider is not None and resolution.model is not None
+        target = TargetSpec(resolution.provider, resolution.model)
+        if resolution.model not in snapshot.providers[resolution.provider].models:
+            # Any name goes upstream; metrics name only declared models (issue #26).
+            exchange.target_label = f"{resolution.provider}/{OTHER_MODEL}"
+        return ComboSpec(id="", targets=(target,))
+    if resolution.kind == "combo":
+        assert resolution.combo_id is not None
+        combo = snapshot.combos[resolution.combo_id]
+        exchange.combo = exchange.entry.combo = combo.id
+        return combo
+    raise HTTPFailure(404, "invalid_request_error", "model_not_found", f"Unknown model: {model}")
 
 
 def _check_shape(
