@@ -477,51 +477,15 @@ class ProxyApp:
         exchange: Exchange,
         key: KeyInfo,
     ) -> None:
-        runtime = self.runtime
-        entry = exchange.entry
-        resolution = resolve_model(model, snapshot)
+        """The request once its key is known and within its rpm limit, one domain question at a
+        time: where to (`_where_to`, `_recall`), may they on that route (`_admit`: quota and
+        budgets in one round trip), the wire (`_send`), what to record (`_record`)."""
         lane = lane_of(headers, request)
+        resolution = resolve_model(model, snapshot)
         if resolution.kind == "unresolved" and lane is not None:
-            # Compaction recall (reference §7): a bare upstream model name this client's
-            # session got from a combo earlier routes through that combo again.
-            recalled = await runtime.recall.recall(
-                str(key.id), lane, model, now=_now_ms(), live=snapshot_liveness(snapshot)
-            )
-            if recalled is not None:
-                resolution = Resolution("combo", combo_id=recalled)
-        if resolution.kind == "unknown_combo":
-            raise HTTPFailure(
-                404,
-                "invalid_request_error",
-                "model_not_found",
-                f"Unknown combo: {resolution.combo_id}",
-            )
-        if resolution.kind == "target":
-            assert resolution.provider is not None and resolution.model is not None
-            target = TargetSpec(resolution.provider, resolution.model)
-            combo = ComboSpec(id="", targets=(target,))
-            if resolution.model not in snapshot.providers[resolution.provider].models:
-                # Any name goes upstream; metrics name only declared models (issue #26).
-                exchange.target_label = f"{resolution.provider}/{OTHER_MODEL}"
-        elif resolution.kind == "combo":
-            assert resolution.combo_id is not None
-            combo = snapshot.combos[resolution.combo_id]
-            exchange.combo = entry.combo = combo.id
-        else:
-            raise HTTPFailure(
-                404, "invalid_request_error", "model_not_found", f"Unknown model: {model}"
-            )
-        rejection = image_rejection(combo, request, inbound)
-        if rejection is not None:
-            raise HTTPFailure(400, "invalid_request_error", None, rejection)
-        encrypted = inbound == "responses" and has_encrypted_agent_task(request)
-        if encrypted and encrypted_task_rejection(combo, snapshot.providers, request) is not None:
-            raise HTTPFailure(
-                ENCRYPTED_TASK_STATUS,
-                "invalid_request_error",
-                ENCRYPTED_TASK_CODE,
-                ENCRYPTED_TASK_MESSAGE,
-            )
+            resolution = await self._recall(resolution, snapshot, model, lane, key)
+        combo = _where_to(resolution, snapshot, model, exchange)
+        encrypted = _check_shape(combo, snapshot, request, inbound)
         forwarded = _caller_headers(headers)
         caller = Caller(
             headers=forwarded,
@@ -529,9 +493,40 @@ class ProxyApp:
             masker=Masker(functools.partial(_known_secrets, snapshot, forwarded)),
         )
         pairs = {t.key: _credential_pair(snapshot, t, caller) for t in combo.targets}
-        # With Redis the combo's routing state comes in the quota read's round trip (a pick
-        # decided on it that writes nothing, a healthy one, needs no check of its own), and so
-        # do the counters of the key's token budgets: one round trip for all three stores.
+        gate = await self._admit(combo, pairs, key, exchange)
+        result = await self._send(
+            snapshot, inbound, request, stream, combo, caller, pairs, gate, encrypted, exchange
+        )
+        if result is not None:
+            await self._record(snapshot, combo, caller, pairs, gate, result, lane, key, exchange)
+
+    async def _recall(
+        self,
+        resolution: Resolution,
+        snapshot: ConfigSnapshot,
+        model: str,
+        lane: str,
+        key: KeyInfo,
+    ) -> Resolution:
+        """Compaction recall (reference §7): a bare upstream model name this client's session
+        got from a combo earlier routes through that combo again."""
+        recalled = await self.runtime.recall.recall(
+            str(key.id), lane, model, now=_now_ms(), live=snapshot_liveness(snapshot)
+        )
+        return resolution if recalled is None else Resolution("combo", combo_id=recalled)
+
+    async def _admit(
+        self,
+        combo: ComboSpec,
+        pairs: Mapping[str, tuple[str, str] | None],
+        key: KeyInfo,
+        exchange: Exchange,
+    ) -> Gate:
+        """May they on this route (quota, usage): the credentials' quota gate and the key's
+        budgets. With Redis the combo's routing state comes in the quota read's round trip (a
+        pick decided on it that writes nothing, a healthy one, needs no check of its own), and
+        so do the counters of the key's token budgets: one round trip for all three stores."""
+        runtime = self.runtime
         now = _now_ms()
         state = runtime.state_along(combo.id) if combo.id else ()
         counters = runtime.budgets.along(key.budgets, now) if key.budgets else None
@@ -557,6 +552,24 @@ class ProxyApp:
         exchange.key = key
         if state and gate.along is not None and not gate.leased:
             runtime.prime_state(combo.id, gate.along[0])
+        return gate
+
+    async def _send(
+        self,
+        snapshot: ConfigSnapshot,
+        inbound: Literal["responses", "chat"],
+        request: dict[str, Any],
+        stream: bool,
+        combo: ComboSpec,
+        caller: Caller,
+        pairs: Mapping[str, tuple[str, str] | None],
+        gate: Gate,
+        encrypted: bool,
+        exchange: Exchange,
+    ) -> RouteResult | None:
+        """The wire (providers): attempt the combo's targets in the attempt loop's order; a
+        bare target is attempted once (recorded here, None returned)."""
+        runtime = self.runtime
         encrypted_only = encrypted_task_predicate(snapshot.providers) if encrypted else None
         compat: set[str] = set()
         used: set[tuple[str, str]] = set()
@@ -676,30 +689,8 @@ class ProxyApp:
                 ).skip or predicate(target)
                 if why is not None:
                     raise HTTPFailure(503, "server_error", "provider_unavailable", why)
-                outcome = await dispatch(target, True)
-                failed = outcome.failure
-                local = failed is not None and failed.transport == "local"
-                entry.attempts.append(
-                    {
-                        "target": target.key,
-                        "status": outcome.status
-                        if outcome.failure is None
-                        else outcome.failure.status,
-                        "outcome": "served"
-                        if outcome.committed
-                        else "local_overload"
-                        if local
-                        else "failed",
-                        **({"reason": classify(failed).reason} if failed and local else {}),
-                        **({"malformedFrames": outcome.malformed} if outcome.malformed else {}),
-                    }
-                )
-                if outcome.committed:
-                    entry.target = target.key
-                    _note_usage(entry, outcome.usage)
-                if not outcome.committed and outcome.failure is not None:
-                    _raise_upstream(outcome.failure, target.key)
-                return
+                _record_target(exchange.entry, target, await dispatch(target, True))
+                return None
             result = RouteResult()
             try:
                 await route(
@@ -719,12 +710,30 @@ class ProxyApp:
                 )
             except asyncio.CancelledError:
                 # Client abort: the request log still gets the attempt it made (status 499).
-                _record_route(entry, result)
+                _record_route(exchange.entry, result)
                 raise
         finally:
             for pair in gate.probes - used:
                 await runtime.tracker.release(pair, now=_now_ms())
-        _record_route(entry, result)
+        return result
+
+    async def _record(
+        self,
+        snapshot: ConfigSnapshot,
+        combo: ComboSpec,
+        caller: Caller,
+        pairs: Mapping[str, tuple[str, str] | None],
+        gate: Gate,
+        result: RouteResult,
+        lane: str | None,
+        key: KeyInfo,
+        exchange: Exchange,
+    ) -> None:
+        """What to record of a combo's route: the request log's attempts, hop metrics and
+        events, the session's recall of the served model; then the error when none served.
+        (The budget charge and the log line follow in `__call__`.)"""
+        runtime = self.runtime
+        _record_route(exchange.entry, result)
         for record in result.attempts:
             if record.outcome == "hop":
                 metrics.HOPS.labels(combo.id, record.reason).inc()
@@ -759,7 +768,7 @@ class ProxyApp:
                     state=current,
                     now=now,
                     override=combo.override,
-                    access=access(t),
+                    access=_access(snapshot, t, caller, gate, pairs.get(t.key)),
                 )
                 for t in combo.targets
             ]
@@ -783,6 +792,55 @@ async def _ingest_quota(
         return any(is_exhausted(w, now=now) for w in windows)
     await runtime.tracker.ingest(pair, windows, outcome="success", now=now)
     return False
+
+
+def _where_to(
+    resolution: Resolution, snapshot: ConfigSnapshot, model: str, exchange: Exchange
+) -> ComboSpec:
+    """Where to (combos/routing): the combo the model resolved to; a bare `provider/model` is a
+    combo of that one target with no id (no routing state)."""
+    if resolution.kind == "unknown_combo":
+        raise HTTPFailure(
+            404,
+            "invalid_request_error",
+            "model_not_found",
+            f"Unknown combo: {resolution.combo_id}",
+        )
+    if resolution.kind == "target":
+        assert resolution.provider is not None and resolution.model is not None
+        target = TargetSpec(resolution.provider, resolution.model)
+        if resolution.model not in snapshot.providers[resolution.provider].models:
+            # Any name goes upstream; metrics name only declared models (issue #26).
+            exchange.target_label = f"{resolution.provider}/{OTHER_MODEL}"
+        return ComboSpec(id="", targets=(target,))
+    if resolution.kind == "combo":
+        assert resolution.combo_id is not None
+        combo = snapshot.combos[resolution.combo_id]
+        exchange.combo = exchange.entry.combo = combo.id
+        return combo
+    raise HTTPFailure(404, "invalid_request_error", "model_not_found", f"Unknown model: {model}")
+
+
+def _check_shape(
+    combo: ComboSpec,
+    snapshot: ConfigSnapshot,
+    request: Mapping[str, Any],
+    inbound: Literal["responses", "chat"],
+) -> bool:
+    """Refuse a body no target of the combo can take (images, an encrypted agent task); True
+    when the body carries an encrypted agent task (only its providers may serve it)."""
+    rejection = image_rejection(combo, request, inbound)
+    if rejection is not None:
+        raise HTTPFailure(400, "invalid_request_error", None, rejection)
+    encrypted = inbound == "responses" and has_encrypted_agent_task(request)
+    if encrypted and encrypted_task_rejection(combo, snapshot.providers, request) is not None:
+        raise HTTPFailure(
+            ENCRYPTED_TASK_STATUS,
+            "invalid_request_error",
+            ENCRYPTED_TASK_CODE,
+            ENCRYPTED_TASK_MESSAGE,
+        )
+    return encrypted
 
 
 def _refuse(refusal: Refusal | None, now: int) -> None:
@@ -828,6 +886,26 @@ def _note_usage(entry: RequestEntry, usage: Any) -> None:
         entry.output_tokens = usage.output
         entry.cached_tokens = usage.cached
         entry.reasoning_tokens = usage.reasoning
+
+
+def _record_target(entry: RequestEntry, target: TargetSpec, outcome: Outcome) -> None:
+    """A bare target's one attempt in the request log; its failure is the answer."""
+    failed = outcome.failure
+    local = failed is not None and failed.transport == "local"
+    entry.attempts.append(
+        {
+            "target": target.key,
+            "status": outcome.status if outcome.failure is None else outcome.failure.status,
+            "outcome": "served" if outcome.committed else "local_overload" if local else "failed",
+            **({"reason": classify(failed).reason} if failed and local else {}),
+            **({"malformedFrames": outcome.malformed} if outcome.malformed else {}),
+        }
+    )
+    if outcome.committed:
+        entry.target = target.key
+        _note_usage(entry, outcome.usage)
+    if not outcome.committed and outcome.failure is not None:
+        _raise_upstream(outcome.failure, target.key)
 
 
 def _record_route(entry: RequestEntry, result: RouteResult) -> None:
