@@ -20,9 +20,9 @@ class OcxsiteConfig(AppConfig):
         from combos import live
         from gateway import live as live_loader
         from gateway.runtime import on_versions_committed
-        from ocxsite.datafiles import new_sqlite_private
         from providers.services import versions_committed
         from routing import envpolicy
+        from server.datafiles import new_sqlite_private
 
         for model in (ClientKey, UserBudget, settings.AUTH_USER_MODEL):
             post_save.connect(keys_changed, sender=model, dispatch_uid=f"keys-save-{model}")

@@ -73,7 +73,7 @@ def _run(argv: list[str] | None) -> int:
 
     # (Already set up when called in-process, as in the tests: the database is the test's.)
     if not apps.ready and not _wants_help(rest) and _reads_only(command, rest):
-        from ocxsite.paths import data_dir_path, missing_sqlite_database
+        from server.paths import data_dir_path, missing_sqlite_database
 
         missing = missing_sqlite_database()
         if missing is not None:

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from ocxsite.paths import SQLITE_NAME, data_dir_path
+from server.paths import SQLITE_NAME, data_dir_path
 
 
 def env_bool(name: str, default: bool) -> bool:
@@ -101,9 +101,9 @@ def _database(data_dir: Path) -> dict[str, object]:
     # Under ASGI connections are per thread; persistent ones would leak (Django docs).
     config["CONN_MAX_AGE"] = 0
     if scheme == "sqlite":
-        from ocxsite.datafiles import note_new_sqlite
+        from server.datafiles import note_new_sqlite
 
-        note_new_sqlite(str(config["NAME"]))  # made 0600 once created (ocxsite.datafiles)
+        note_new_sqlite(str(config["NAME"]))  # made 0600 once created (server.datafiles)
         # IMMEDIATE: a write transaction takes the lock up front instead of failing with
         # "database is locked" when the request-log writer and an API write overlap.
         config["OPTIONS"] = {
@@ -145,7 +145,7 @@ OCX_PROVIDER_ENV_ALLOW = env_names("OCX_PROVIDER_ENV_ALLOW")
 ALLOWED_HOSTS = env_list("OCX_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 OCX_REDIS_URL = _redis_url()
 # Set by `ocx serve` for its workers: a per-start token good only for GET /api/status, which
-# `ocx status` reads from the data directory's server.json (ocxsite.paths). Not for operators.
+# `ocx status` reads from the data directory's server.json (server.paths). Not for operators.
 OCX_STATUS_TOKEN = os.environ.get("OCX_STATUS_TOKEN", "")
 OCX_ADMIN_TOKEN = os.environ.get("OCX_ADMIN_TOKEN") or None
 if OCX_ADMIN_TOKEN is not None and len(OCX_ADMIN_TOKEN) < 16:
@@ -199,6 +199,7 @@ INSTALLED_APPS = [
     "usage",
     "dashboard",
     "accounts",
+    "server",  # its management command: `ocx status`
     "ninja",  # Swagger UI / ReDoc served from our own static files (no CDN)
     "axes",  # admin login throttling
     "ocxsite",
@@ -215,7 +216,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "ocxsite.security_headers.content_security_policy",
+    "server.security_headers.content_security_policy",
     # Last, as django-axes asks: turns a locked-out login into its lockout answer.
     "axes.middleware.AxesMiddleware",
 ]

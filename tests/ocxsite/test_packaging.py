@@ -16,14 +16,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 APPS = ("ocxsite", "providers", "combos", "quota", "usage", "dashboard", "accounts")
-# The packages that are not Django apps (no models, no migrations).
+# The packages without models or migrations (`server` is an app only for `ocx status`).
 PACKAGES = ("gateway", "server", "state", "routing")
 
 
 def test_every_first_party_app_is_checked() -> None:
     from django.conf import settings
 
-    assert {a for a in settings.INSTALLED_APPS if (ROOT / a).is_dir()} == set(APPS)
+    installed = {a for a in settings.INSTALLED_APPS if (ROOT / a).is_dir()}
+    assert installed == {*APPS, "server"}
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +57,7 @@ def test_the_wheel_holds_every_app_and_its_files(wheel: Path) -> None:
         assert f"{app}/migrations/0001_initial.py" in names, app
     for package in PACKAGES:
         assert f"{package}/__init__.py" in names, package
+    assert "server/management/commands/status.py" in names
     for path in (
         "templates/admin/index.html",
         "dashboard/templates/dashboard/dashboard.html",

@@ -18,8 +18,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import CommandError, CommandParser
 
-from ocxsite.paths import server_file_remove, server_file_write
 from providers.management.base import ExamplesCommand
+from server.paths import server_file_remove, server_file_write
 
 WORKERS_NEED_REDIS = (
     "--workers {n} needs REDIS_URL: cooldowns, rotation and quota state must be shared "

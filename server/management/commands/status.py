@@ -10,8 +10,8 @@ from django.conf import settings
 from django.core.management.base import CommandError, CommandParser
 
 from combos.status import status_report
-from ocxsite.paths import server_file_read
 from providers.management.base import ExamplesCommand
+from server.paths import server_file_read
 
 USAGE = """\
 ocx status [COMBO] [--json] [--url URL]
