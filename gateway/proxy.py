@@ -435,8 +435,23 @@ class ProxyApp:
         known = entry.input_tokens is not None or entry.output_tokens is not None
         tokens = (entry.input_tokens or 0) + (entry.output_tokens or 0) if known else None
         try:
+            usd = 0
+            if known and runtime.budgets.wants_cost(key.budgets):
+                usd = runtime.budgets.cost_micros(
+                    runtime.snapshot,
+                    entry.target,
+                    at=entry.at,
+                    input_tokens=entry.input_tokens,
+                    cached_tokens=entry.cached_tokens,
+                    output_tokens=entry.output_tokens,
+                )
             await runtime.budgets.charge(
-                key.budgets, tokens=tokens, served=served, now_ms=_now_ms(), providers=providers
+                key.budgets,
+                tokens=tokens,
+                served=served,
+                now_ms=_now_ms(),
+                providers=providers,
+                usd_micros=usd,
             )
         except Exception:  # noqa: BLE001 - the answer is complete; only the count is lost
             log.exception("could not count request %s against its budgets", exchange.request_id)
@@ -527,6 +542,10 @@ class ProxyApp:
         pick decided on it that writes nothing, a healthy one, needs no check of its own), and
         so do the counters of the key's token budgets: one round trip for all three stores."""
         runtime = self.runtime
+        if key.budgets and runtime.budgets.unseeded(key.budgets):
+            # Counters not yet raised to what was recorded (a restart, a new budget): wait for
+            # that (bounded), so that a spent budget is not admitted.
+            await runtime.budgets.seed(key.budgets)
         now = _now_ms()
         state = runtime.state_along(combo.id) if combo.id else ()
         counters = runtime.budgets.along(key.budgets, now) if key.budgets else None
@@ -543,7 +562,7 @@ class ProxyApp:
                 _refuse(await runtime.budgets.admit(key.budgets, now), now)
             else:
                 _refuse(
-                    runtime.budgets.admit_read(
+                    await runtime.budgets.admit_along(
                         key.budgets, counters, gate.along[len(state) :], now
                     ),
                     now,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import random
@@ -193,6 +194,7 @@ class Runtime:
     ) -> None:
         old = self.snapshot
         self.keys, self.keys_version = keys, keys_version
+        self._budgets_changed()
         if old is not None:
             local = isinstance(self.store, _local_state_stores())
             for combo_id, spec in old.combos.items():
@@ -255,6 +257,19 @@ class Runtime:
         elif newer_keys:
             assert keys is not None
             self.keys, self.keys_version = keys, keys_version
+            self._budgets_changed()
+
+    def _budgets_changed(self) -> None:
+        """A new key map: its budgets' counters not seeded yet are raised to what was recorded
+        this period, in the background (a request with such a budget waits for it)."""
+        self.budgets.retain(self.keys)
+        if self.budgets.recorded is not None and self.budgets.unseeded(
+            [sb for info in self.keys.values() for sb in info.budgets]
+        ):
+            with contextlib.suppress(RuntimeError):  # no running loop: the first request seeds
+                asyncio.get_running_loop().create_task(
+                    self.budgets.seed(every=self.keys, wait=False)
+                )
 
     async def refresh(self, *, patient: bool = False) -> None:
         """One poll: reload the snapshot when the config version moved, the key map when the
@@ -290,6 +305,7 @@ class Runtime:
                 return False
             self.keys = config_delta.patched_keys(self.keys, patch)
             self.keys_version = delta.version
+            self._budgets_changed()
         else:
             # The reads were made against the snapshot served: it must still be that one.
             if delta.domain != "config" or self.snapshot is not patch.base:

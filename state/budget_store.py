@@ -81,6 +81,19 @@ end
 return out
 """
 
+# Seeding (durable budgets): raise each counter to at least the recorded value, never lower it.
+# KEYS = counters; ARGV = each one's value and expiry (ms), in turn.
+_RAISE_COUNTERS = """
+for i = 1, #KEYS do
+  local v = tonumber(ARGV[2 * i - 1])
+  local cur = tonumber(redis.call('GET', KEYS[i]) or '0')
+  if v > cur then
+    redis.call('SET', KEYS[i], ARGV[2 * i - 1], 'PXAT', ARGV[2 * i])
+  end
+end
+return 1
+"""
+
 # Write back one field a worker kept while Redis was out: KEYS[1] = a hash; ARGV = value
 # field, reset field, value, reset ms, same-window ms, hash ttl ms. A later window replaces
 # the field; in the same window the higher value wins (never lowered); an older one is dropped.
@@ -124,6 +137,17 @@ class MemoryBudgetStore:
 
     def peek(self, name: str) -> dict[str, str]:
         return self._hashes.get(name, {})
+
+    async def raise_counters(
+        self, items: Sequence[tuple[str, int, int]], now_ms: int, *, sentinel: str | None = None
+    ) -> None:
+        """Each counter `(name, value, expire_at_ms)` becomes at least `value` (seeding)."""
+        for name, value, expire_at_ms in items:
+            current, expires = self._counters.get(name, (0, 0))
+            if expires <= now_ms:
+                current = 0
+            if value > current:
+                self._counters[name] = (value, expire_at_ms)
 
     async def add_many(self, items: Sequence[tuple[str, int, int]], now_ms: int) -> list[int]:
         if len(self._counters) > 10_000:
@@ -179,6 +203,8 @@ class MemoryBudgetStore:
 class RedisBudgetStore:
     """Counters shared by every worker through Redis: exact across workers."""
 
+    shared_counters = True
+
     def __init__(self, url: str, *, socket_timeout: float = 2.0) -> None:
         from state.resp import RespClient
 
@@ -186,6 +212,20 @@ class RedisBudgetStore:
         self._add = self.redis.script(_ADD)
         self._attribute = self.redis.script(_ATTRIBUTE)
         self._raise = self.redis.script(_RAISE)
+        self._raise_counters = self.redis.script(_RAISE_COUNTERS)
+
+    async def raise_counters(
+        self, items: Sequence[tuple[str, int, int]], now_ms: int, *, sentinel: str | None = None
+    ) -> None:
+        """Each counter becomes at least its recorded value, in one script call; then the
+        `sentinel` (no expiry) says the counters are seeded: gone, Redis lost them."""
+        if items:
+            args: list[int] = []
+            for _, value, expire_at_ms in items:
+                args += (value, expire_at_ms)
+            await self._raise_counters(keys=[name for name, _, _ in items], args=args)
+        if sentinel is not None:
+            await self.redis.execute("SET", sentinel, "1")
 
     async def read(
         self, counters: Sequence[str], hashes: Sequence[str], now_ms: int

@@ -480,6 +480,8 @@ class GuardedBudgetStore:
     higher value wins within a window) before the shared store charges again, so the first
     answer after the outage is not charged the whole outage's rise."""
 
+    shared_counters = True
+
     def __init__(self, shared: Any, breaker: RedisBreaker, workers: int) -> None:
         from state.budget_store import MemoryBudgetStore
 
@@ -535,6 +537,18 @@ class GuardedBudgetStore:
         # on the server, so they are not counted again (at most once: a charge may be lost,
         # never counted twice).
         return [self._estimate(name, now_ms) for name, _, _ in items]
+
+    async def raise_counters(
+        self, items: Sequence[tuple[str, int, int]], now_ms: int, *, sentinel: str | None = None
+    ) -> None:
+        """Seeding: only on Redis (while it is out the seed fails and is tried again later)."""
+        ok, _ = await self.breaker.call(
+            lambda: self.shared.raise_counters(items, now_ms, sentinel=sentinel)
+        )
+        if not ok:
+            raise ConnectionError("Redis is unavailable: budget counters not seeded")
+        for name, value, _ in items:
+            self._seen[name] = max(self._seen.get(name, 0), value)
 
     async def attribute(
         self, seen: str, hashes: Any, field: str, used: float, reset_ms: int, now_ms: int

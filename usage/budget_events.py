@@ -5,6 +5,7 @@ admin)."""
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -61,6 +62,16 @@ def new_gate(
     store = (
         RedisBudgetStore(settings.OCX_REDIS_URL) if settings.OCX_REDIS_URL else MemoryBudgetStore()
     )
+    recorded = None
+    if settings.OCX_USAGE or settings.OCX_REQUEST_LOG:
+        from usage.budget_selectors import budget_recorded
+
+        # Durable budgets: counters start from what was recorded this period (issue 27).
+        recorded = functools.partial(budget_recorded, tz=settings.OCX_TIME_ZONE)
     return BudgetGate(
-        store, prefix=settings.OCX_STATE_KEY_PREFIX, tz=settings.OCX_TIME_ZONE, on_event=on_event
+        store,
+        prefix=settings.OCX_STATE_KEY_PREFIX,
+        tz=settings.OCX_TIME_ZONE,
+        on_event=on_event,
+        recorded=recorded,
     )

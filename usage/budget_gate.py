@@ -14,17 +14,33 @@ a period, so exactly one request (on one worker) crosses each threshold once per
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import logging
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from zoneinfo import ZoneInfo
 
 from quota.windows import Window, windows_from_headers
+from routing.pricing import PriceBook
+from routing.types import ConfigSnapshot
 from state.budget_store import COUNTER_GRACE_MS
-from usage.budgets import Period, ScopedBudget, TokenBudget, WindowBudget, period_bounds
+from usage.budgets import (
+    MICROS,
+    CounterBudget,
+    Period,
+    ScopedBudget,
+    TokenBudget,
+    UsdBudget,
+    WindowBudget,
+    period_bounds,
+    usd_text,
+)
 
+log = logging.getLogger("ocx.budget")
 THRESHOLDS = (80, 100)
 Pair = tuple[str, str]  # (provider, credential fingerprint)
 
@@ -58,6 +74,10 @@ def _fmt(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:.2f}".rstrip("0")
 
 
+def _cents(value: float) -> str:
+    return f"{value:.2f}"
+
+
 @dataclass(frozen=True)
 class Refusal:
     """A used-up budget: what the 429 says."""
@@ -72,11 +92,12 @@ class Refusal:
     def message(self) -> str:
         reset = dt.datetime.fromtimestamp(self.reset_ms / 1000, ZoneInfo(self.tz))
         b = self.budget
-        used = (
-            f"{_fmt(self.used)} tokens"
-            if isinstance(b.budget, TokenBudget)
-            else f"{_fmt(self.used)} points of the {self.window} window"
-        )
+        if isinstance(b.budget, TokenBudget):
+            used = f"{_fmt(self.used)} tokens"
+        elif isinstance(b.budget, UsdBudget):
+            used = usd_text(self.used)
+        else:
+            used = f"{_fmt(self.used)} points of the {self.window} window"
         return (
             f"Budget exceeded: {b.owner} may use {b.budget.describe()} and has used {used}; "
             f"it resets at {reset.isoformat()}"
@@ -84,12 +105,31 @@ class Refusal:
 
     def headers(self, now_ms: int) -> list[tuple[bytes, bytes]]:
         remaining = max(0.0, self.limit - self.used)
+        # A dollar budget's amounts are dollars with cents (`50.00`).
+        fmt = _cents if isinstance(self.budget.budget, UsdBudget) else _fmt
         return [
-            (b"x-ocx-budget-limit", _fmt(self.limit).encode()),
-            (b"x-ocx-budget-remaining", _fmt(remaining).encode()),
+            (b"x-ocx-budget-limit", fmt(self.limit).encode()),
+            (b"x-ocx-budget-remaining", fmt(remaining).encode()),
             (b"x-ocx-budget-reset", str(math.ceil(self.reset_ms / 1000)).encode()),
             (b"retry-after", str(max(1, math.ceil((self.reset_ms - now_ms) / 1000))).encode()),
         ]
+
+
+SeedId = tuple[str, str, Period]  # (scope, "tokens" | "usd", period): one counter series
+Recorded = Callable[[Sequence[SeedId], int], Mapping[SeedId, int]]
+
+
+def unit(budget: CounterBudget) -> str:
+    return "tokens" if isinstance(budget, TokenBudget) else "usd"
+
+
+def limit_units(budget: CounterBudget) -> int:
+    """The limit in counter units: tokens, or micro-dollars."""
+    return budget.tokens if isinstance(budget, TokenBudget) else budget.micros
+
+
+def _scale(budget: object) -> float:
+    return MICROS if isinstance(budget, UsdBudget) else 1
 
 
 class BudgetGate:
@@ -100,6 +140,9 @@ class BudgetGate:
         prefix: str,
         tz: str = "UTC",
         on_event: Callable[[dict[str, object]], None] | None = None,
+        recorded: Recorded | None = None,
+        seed_wait_s: float = 5.0,
+        seed_retry_s: float = 5.0,
     ) -> None:
         self.store = store
         self.prefix = prefix
@@ -109,6 +152,18 @@ class BudgetGate:
         self._periods: dict[Period, tuple[str, int, int]] = {}
         self._providers_of: object = None
         self._providers: frozenset[str] = frozenset()
+        self.prices = PriceBook()
+        # Durable counters (`seed`): what was recorded this period (request log rollups)
+        # raises each counter series once per worker, and again after a Redis flush.
+        self.recorded = recorded
+        self.seed_wait_s = seed_wait_s
+        self.seed_retry_s = seed_retry_s
+        self.seeded: set[SeedId] = set()
+        self.sentinel = f"{prefix}:budget-seeded"
+        self._want: set[SeedId] = set()
+        self._seeding: asyncio.Task[None] | None = None
+        self._failed_at = -math.inf
+        self.seeds = 0  # seed runs done (tests, /metrics-free introspection)
 
     def _period(self, period: Period, now_ms: int) -> tuple[str, int, int]:
         cached = self._periods.get(period)
@@ -116,12 +171,12 @@ class BudgetGate:
             cached = self._periods[period] = period_bounds(period, now_ms, self.tz)
         return cached
 
-    def _counter(self, sb: ScopedBudget, budget: TokenBudget, now_ms: int) -> tuple[str, int]:
+    def _counter(self, sb: ScopedBudget, budget: CounterBudget, now_ms: int) -> tuple[str, int]:
         label, _, end = self._period(budget.period, now_ms)
-        return f"{self.prefix}:budget:{sb.scope}:tokens:{budget.period}:{label}", end
+        return f"{self.prefix}:budget:{sb.scope}:{unit(budget)}:{budget.period}:{label}", end
 
     def _token_name(self, sb: ScopedBudget, now_ms: int) -> str:
-        assert isinstance(sb.budget, TokenBudget)
+        assert isinstance(sb.budget, TokenBudget | UsdBudget)
         return self._counter(sb, sb.budget, now_ms)[0]
 
     def _hash(self, sb: ScopedBudget, budget: WindowBudget) -> str:
@@ -141,20 +196,151 @@ class BudgetGate:
             self._providers_of = keys
         return self._providers
 
+    @property
+    def _shared(self) -> bool:
+        return self.recorded is not None and bool(getattr(self.store, "shared_counters", False))
+
+    # --- cost -------------------------------------------------------------------------------
+
+    @staticmethod
+    def wants_cost(budgets: Sequence[ScopedBudget]) -> bool:
+        return any(isinstance(sb.budget, UsdBudget) for sb in budgets)
+
+    def cost_micros(
+        self,
+        snapshot: ConfigSnapshot | None,
+        target: str,
+        *,
+        at: float,
+        input_tokens: int | None,
+        cached_tokens: int | None,
+        output_tokens: int | None,
+    ) -> int:
+        """A served request's cost in micro-dollars: the target's price (metadata first, rates
+        cached per snapshot and day by `PriceBook`); 0 for a subscription target, an unpriced
+        target or an answer without usage."""
+        if snapshot is None or not target:
+            return 0
+        priced = self.prices.price(
+            snapshot,
+            target,
+            at=at,
+            input_tokens=input_tokens,
+            cached_tokens=cached_tokens,
+            output_tokens=output_tokens,
+        )
+        return round(priced.cost_usd * MICROS) if priced.cost_usd else 0
+
+    # --- durable counters ---------------------------------------------------------------------
+
+    def _seed_ids(self, budgets: Iterable[ScopedBudget]) -> set[SeedId]:
+        return {
+            (sb.scope, unit(sb.budget), sb.budget.period)
+            for sb in budgets
+            if isinstance(sb.budget, TokenBudget | UsdBudget)
+        }
+
+    def unseeded(self, budgets: Sequence[ScopedBudget]) -> bool:
+        """Whether a counter of these budgets has not been raised to what was recorded yet
+        (a set lookup per budget: the proxy's check before admission)."""
+        if self.recorded is None:
+            return False
+        seeded = self.seeded
+        for sb in budgets:
+            b = sb.budget
+            if not isinstance(b, WindowBudget) and (sb.scope, unit(b), b.period) not in seeded:
+                return True
+        return False
+
+    def retain(self, keys: Mapping[str, HasBudgets]) -> None:
+        """Forget the seeding of series no key has any more (a new map): a budget removed and
+        set again later is seeded again, since nothing was charged to it in between."""
+        live: set[SeedId] = set()
+        for info in keys.values():
+            live |= self._seed_ids(info.budgets)
+        self.seeded &= live
+
+    async def seed(
+        self,
+        budgets: Iterable[ScopedBudget] | None = None,
+        *,
+        wait: bool = True,
+        every: Mapping[str, HasBudgets] | None = None,
+    ) -> None:
+        """Raise the counters of `budgets` (or of every key of `every`) not seeded yet to what
+        was recorded this period, in a background task (the query runs in a thread); `wait`:
+        until it is done, at most `seed_wait_s`. A failed seed is tried again `seed_retry_s`
+        later; meanwhile requests are admitted on the counters as they are."""
+        if self.recorded is None:
+            return
+        if every is not None:
+            budgets = [sb for info in every.values() for sb in info.budgets]
+        ids = self._seed_ids(budgets or ()) - self.seeded
+        if not ids:
+            return
+        if time.monotonic() - self._failed_at < self.seed_retry_s:
+            return
+        self._want |= ids
+        if self._seeding is None or self._seeding.done():
+            self._seeding = asyncio.get_running_loop().create_task(self._seed_loop())
+        if wait:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._seeding), self.seed_wait_s)
+            except TimeoutError:
+                log.warning("budget counters: seeding from the usage records takes long")
+
+    async def _seed_loop(self) -> None:
+        from server.background import in_thread
+
+        assert self.recorded is not None
+        while self._want:
+            ids, self._want = sorted(self._want), set()
+            now_ms = int(time.time() * 1000)
+            try:
+                found = await in_thread(self.recorded, ids, now_ms)
+                items = []
+                for scope, kind, period in ids:
+                    label, _, end = self._period(period, now_ms)
+                    name = f"{self.prefix}:budget:{scope}:{kind}:{period}:{label}"
+                    items.append(
+                        (name, int(found.get((scope, kind, period), 0)), end + COUNTER_GRACE_MS)
+                    )
+                await self.store.raise_counters(  # type: ignore[attr-defined]
+                    items, now_ms, sentinel=self.sentinel if self._shared else None
+                )
+            except Exception:  # noqa: BLE001 - admitted on the live counters; retried later
+                log.exception("budget counters: could not seed them from the usage records")
+                self._failed_at = time.monotonic()
+                self._want.clear()
+                return
+            self.seeded.update(ids)
+            self.seeds += 1
+
+    async def _flushed(self, budgets: Sequence[ScopedBudget]) -> None:
+        """The shared store lost its counters (a Redis restart or FLUSHALL): seed again."""
+        log.warning("budget counters: the shared store was emptied; seeding them again")
+        self.seeded.clear()
+        await self.seed(budgets)
+
+    # --- admission ------------------------------------------------------------------------------
+
     def along(self, budgets: Sequence[ScopedBudget], now_ms: int) -> list[str] | None:
         """The Redis names of the budgets' counters when another read of the request can fetch
-        them in its own round trip (`admit_read`): token budgets only (window budgets are
-        hashes) and a store that keeps them in Redis (`note_read`). None: `admit` reads them."""
+        them in its own round trip (`admit_along`): token and dollar budgets only (window
+        budgets are hashes) and a store that keeps them in Redis (`note_read`). None: `admit`
+        reads them. The seeding sentinel comes last: missing, the store was flushed."""
         if not budgets or getattr(self.store, "note_read", None) is None:
             return None
         names = []
         for sb in budgets:
-            if not isinstance(sb.budget, TokenBudget):
+            if isinstance(sb.budget, WindowBudget):
                 return None
             names.append(self._token_name(sb, now_ms))
+        if self._shared:
+            names.append(self.sentinel)
         return names
 
-    def admit_read(
+    async def admit_along(
         self,
         budgets: Sequence[ScopedBudget],
         names: Sequence[str],
@@ -163,22 +349,44 @@ class BudgetGate:
     ) -> Refusal | None:
         """`admit` on the counters read along: `names` as `along(budgets, now_ms)` gave them,
         `raws` their values in that order."""
+        if self._shared:
+            if raws[-1] is None:
+                await self._flushed(budgets)
+                return await self.admit(budgets, now_ms, recheck=False)
+            names, raws = names[:-1], raws[:-1]
+        return self.admit_read(budgets, names, raws, now_ms)
+
+    def admit_read(
+        self,
+        budgets: Sequence[ScopedBudget],
+        names: Sequence[str],
+        raws: Sequence[bytes | None],
+        now_ms: int,
+    ) -> Refusal | None:
         assert len(names) == len(raws) == len(budgets)
         values = [int(raw) if raw is not None else 0 for raw in raws]
         self.store.note_read(names, values)  # type: ignore[attr-defined]
-        refusals = self._token_refusals(budgets, values, now_ms)
+        refusals = self._counter_refusals(budgets, values, now_ms)
         return max(refusals, key=lambda r: r.reset_ms) if refusals else None
 
-    async def admit(self, budgets: Sequence[ScopedBudget], now_ms: int) -> Refusal | None:
+    async def admit(
+        self, budgets: Sequence[ScopedBudget], now_ms: int, *, recheck: bool = True
+    ) -> Refusal | None:
         """The used-up budget with the latest reset (the request is refused until then)."""
-        tokens = [sb for sb in budgets if isinstance(sb.budget, TokenBudget)]
+        counted = [sb for sb in budgets if not isinstance(sb.budget, WindowBudget)]
         windows = [(sb, sb.budget) for sb in budgets if isinstance(sb.budget, WindowBudget)]
+        names = [self._token_name(sb, now_ms) for sb in counted]
+        shared = self._shared and bool(names)
         values, maps = await self.store.read(
-            [self._token_name(sb, now_ms) for sb in tokens],
+            names + [self.sentinel] if shared else names,
             [self._hash(sb, b) for sb, b in windows],
             now_ms,
         )
-        refusals = self._token_refusals(tokens, values, now_ms)
+        if shared:
+            if not values.pop() and recheck:
+                await self._flushed(budgets)
+                return await self.admit(budgets, now_ms, recheck=False)
+        refusals = self._counter_refusals(counted, values, now_ms)
         for (sb, wb), data in zip(windows, maps, strict=True):
             for field, value in data.items():
                 reset = data.get(field + "|r")
@@ -191,16 +399,19 @@ class BudgetGate:
                     )
         return max(refusals, key=lambda r: r.reset_ms) if refusals else None
 
-    def _token_refusals(
-        self, tokens: Sequence[ScopedBudget], values: Sequence[int], now_ms: int
+    def _counter_refusals(
+        self, counted: Sequence[ScopedBudget], values: Sequence[int], now_ms: int
     ) -> list[Refusal]:
         refusals = []
-        for sb, used in zip(tokens, values, strict=True):
-            tb = sb.budget
-            assert isinstance(tb, TokenBudget)
-            if used >= tb.tokens:
-                end = self._period(tb.period, now_ms)[2]
-                refusals.append(Refusal(sb, tb.tokens, used, end, tz=self.tz_name))
+        for sb, used in zip(counted, values, strict=True):
+            b = sb.budget
+            assert isinstance(b, TokenBudget | UsdBudget)
+            if used >= limit_units(b):
+                end = self._period(b.period, now_ms)[2]
+                scale = _scale(b)
+                refusals.append(
+                    Refusal(sb, limit_units(b) / scale, used / scale, end, tz=self.tz_name)
+                )
         return refusals
 
     async def charge(
@@ -211,20 +422,29 @@ class BudgetGate:
         served: tuple[Pair, Mapping[str, str]] | None,
         now_ms: int,
         providers: frozenset[str] = frozenset(),
+        usd_micros: int = 0,
     ) -> None:
-        """Count a finished request against its budgets (`tokens` None: usage unknown)."""
-        if tokens:
-            charged: list[tuple[ScopedBudget, TokenBudget, int]] = []
+        """Count a finished request against its budgets (`tokens` None: usage unknown;
+        `usd_micros` its cost, 0 when free, unpriced or unknown)."""
+        if tokens or usd_micros:
+            charged: list[tuple[ScopedBudget, CounterBudget, int, int]] = []
             items: list[tuple[str, int, int]] = []
             for sb in budgets:
-                if isinstance(sb.budget, TokenBudget):
-                    name, end = self._counter(sb, sb.budget, now_ms)
-                    charged.append((sb, sb.budget, end))
-                    items.append((name, tokens, end + COUNTER_GRACE_MS))
+                b = sb.budget
+                if isinstance(b, WindowBudget):
+                    continue
+                amount = tokens if isinstance(b, TokenBudget) else usd_micros
+                if amount:
+                    name, end = self._counter(sb, b, now_ms)
+                    charged.append((sb, b, end, amount))
+                    items.append((name, amount, end + COUNTER_GRACE_MS))
             if items:
                 totals = await self.store.add_many(items, now_ms)
-                for (sb, tb, end), new in zip(charged, totals, strict=True):
-                    self._crossed(sb, new - tokens, new, tb.tokens, end, None)
+                for (sb, b, end, amount), new in zip(charged, totals, strict=True):
+                    scale = _scale(b)
+                    self._crossed(
+                        sb, (new - amount) / scale, new / scale, limit_units(b) / scale, end, None
+                    )
         if served is None:
             return
         pair, headers = served
@@ -295,6 +515,7 @@ def _event(
 ) -> dict[str, Any]:
     reset = dt.datetime.fromtimestamp(reset_ms / 1000, ZoneInfo(tz)).isoformat()
     where = f" ({window} window)" if window else ""
+    fmt = usd_text if isinstance(sb.budget, UsdBudget) else _fmt
     return {
         "kind": "budget",
         "percent": percent,
@@ -307,6 +528,6 @@ def _event(
         "resetsAt": reset_ms,
         "message": (
             f"{sb.owner} has used {percent}% of its budget of {sb.budget.describe()}{where}"
-            f" ({_fmt(used)} of {_fmt(limit)}); it resets at {reset}"
+            f" ({fmt(used)} of {fmt(limit)}); it resets at {reset}"
         ),
     }

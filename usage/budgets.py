@@ -1,15 +1,18 @@
 """Budgets per client key and per user (PRODUCT §9.5): what they are, how they are written.
 
-Two kinds, any mix in one list (at most one token budget, one window budget per provider):
+Three kinds, any mix in one list (at most one token budget, one dollar budget, one window
+budget per provider):
 
 * `{"tokens": N, "period": "day"|"week"|"month"}`: at most N tokens (input + output, as the
   upstream reported them) per calendar period in `OCX_TIME_ZONE`;
+* `{"usd": D, "period": "day"|"week"|"month"}`: at most D US dollars of cost (the served
+  target's price, `routing.pricing`) per calendar period; counted in micro-dollars;
 * `{"windowPercent": P, "provider": "name"}`: at most P percentage points of each quota window
   (5-hour, weekly, …) of that provider's credential, counting each rise of the upstream's
   reported used-percent against the request whose answer reported it.
 
 `parse_budgets` is the one validator (admin, API, CLI); `parse_cli_budget` reads the CLI's
-`tokens=100k/day` / `window=30%/chatgpt`. No I/O here.
+`tokens=100k/day` / `usd=50/month` / `window=30%/chatgpt`. No I/O here.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from django.core.exceptions import ObjectDoesNotExist, ValidationError
 Period = Literal["day", "week", "month"]
 PERIODS: tuple[Period, ...] = ("day", "week", "month")
 TOKENS_MAX = 10**15
+USD_MAX = 10**9
+MICROS = 1_000_000  # a dollar budget's counter holds micro-dollars (an integer: INCRBY)
 MAX_BUDGETS = 16
 PROVIDER_MAX = 64  # providers.models.Provider.name
 
@@ -48,6 +53,27 @@ class TokenBudget:
 
 
 @dataclass(frozen=True)
+class UsdBudget:
+    usd: float
+    period: Period
+
+    @property
+    def micros(self) -> int:
+        return round(self.usd * MICROS)
+
+    def to_json(self) -> dict[str, object]:
+        return {"usd": _num(self.usd), "period": self.period}
+
+    def describe(self) -> str:
+        return f"{usd_text(self.usd)} per {self.period}"
+
+
+def usd_text(value: float) -> str:
+    """Dollars with cents: `$1,234.50`."""
+    return f"${value:,.2f}"
+
+
+@dataclass(frozen=True)
 class WindowBudget:
     percent: float
     provider: str
@@ -59,16 +85,17 @@ class WindowBudget:
         return f"{_num(self.percent)}% of each {self.provider} quota window"
 
 
-Budget = TokenBudget | WindowBudget
+Budget = TokenBudget | UsdBudget | WindowBudget
+CounterBudget = TokenBudget | UsdBudget  # kept in an integer counter per calendar period
 
 
 @dataclass(frozen=True)
 class ScopedBudget:
     """A budget as the proxy holds it: whose it is and the counter it is kept in."""
 
-    kind: Literal["key", "user"]
-    scope: str  # counter namespace: "k<key id>" or "u<user id>"
-    owner: str  # for messages: "key ocx_AbCdEf…" or "user alice"
+    kind: Literal["key", "user", "team"]
+    scope: str  # counter namespace: "k<key id>", "u<user id>" or "t<group id>"
+    owner: str  # for messages: "key ocx_AbCdEf…", "user alice" or "team infra"
     budget: Budget
 
 
@@ -80,6 +107,18 @@ def _one(item: object, where: str) -> Budget:
     if not isinstance(item, dict):
         raise BudgetError(f"{where} must be an object")
     keys = set(item)
+    if "usd" in keys:
+        extra = keys - {"usd", "period"}
+        if extra:
+            raise BudgetError(f"{where}: unexpected field {sorted(extra)[0]} in a dollar budget")
+        usd, period = item.get("usd"), item.get("period")
+        if isinstance(usd, bool) or not isinstance(usd, int | float):
+            raise BudgetError(f"{where}.usd must be a number")
+        if not math.isfinite(usd) or not 0 < usd <= USD_MAX or round(usd * MICROS) < 1:
+            raise BudgetError(f"{where}.usd must be more than 0 and at most {USD_MAX}")
+        if period not in PERIODS:
+            raise BudgetError(f"{where}.period must be one of day, week, month")
+        return UsdBudget(float(usd), cast(Period, period))
     if "tokens" in keys or "period" in keys:
         extra = keys - {"tokens", "period"}
         if extra:
@@ -107,8 +146,8 @@ def _one(item: object, where: str) -> Budget:
             raise BudgetError(f"{where}.provider is not a valid provider name")
         return WindowBudget(float(percent), provider)
     raise BudgetError(
-        f'{where} must be {{"tokens": N, "period": "day|week|month"}} '
-        'or {"windowPercent": P, "provider": "name"}'
+        f'{where} must be {{"tokens": N, "period": "day|week|month"}}, '
+        '{"usd": D, "period": "day|week|month"} or {"windowPercent": P, "provider": "name"}'
     )
 
 
@@ -128,6 +167,8 @@ def parse_budgets(value: object, *, providers: Collection[str] | None = None) ->
         budget = _one(item, where)
         if isinstance(budget, TokenBudget) and any(isinstance(b, TokenBudget) for b in out):
             raise BudgetError("at most one token budget (tokens per day, week or month)")
+        if isinstance(budget, UsdBudget) and any(isinstance(b, UsdBudget) for b in out):
+            raise BudgetError("at most one dollar budget (usd per day, week or month)")
         if isinstance(budget, WindowBudget):
             if any(isinstance(b, WindowBudget) and b.provider == budget.provider for b in out):
                 raise BudgetError(f"at most one window budget for provider {budget.provider}")
@@ -161,13 +202,18 @@ def validate_budgets(value: object) -> None:
 
 
 _TOKENS_RE = re.compile(r"^tokens=([0-9_]+)([kKmMgG]?)/(day|week|month)$")
+_USD_RE = re.compile(r"^usd=\$?([0-9]+(?:\.[0-9]+)?)/(day|week|month)$")
 _WINDOW_RE = re.compile(r"^window=([0-9]+(?:\.[0-9]+)?)%?/(.+)$")
 _SUFFIX = {"": 1, "k": 1_000, "m": 1_000_000, "g": 1_000_000_000}
 
 
 def parse_cli_budget(text: str) -> dict[str, object]:
-    """`tokens=100000/day`, `tokens=2M/month`, `window=30%/chatgpt` → the budget's JSON."""
+    """`tokens=100000/day`, `tokens=2M/month`, `usd=50/month`, `window=30%/chatgpt` → the
+    budget's JSON (validated by `parse_budgets`)."""
     spec = text.strip()
+    m = _USD_RE.match(spec)
+    if m:
+        return {"usd": _num(float(m.group(1))), "period": m.group(2)}
     m = _TOKENS_RE.match(spec)
     if m:
         return {"tokens": int(m.group(1)) * _SUFFIX[m.group(2).lower()], "period": m.group(3)}
@@ -176,8 +222,8 @@ def parse_cli_budget(text: str) -> dict[str, object]:
         percent = float(m.group(1))
         return {"windowPercent": _num(percent), "provider": m.group(2)}
     raise BudgetError(
-        f"bad budget {text!r}: use tokens=N/day|week|month (N may end in k or M) "
-        "or window=P%/PROVIDER"
+        f"bad budget {text!r}: use tokens=N/day|week|month (N may end in k or M), "
+        "usd=D/day|week|month or window=P%/PROVIDER"
     )
 
 
