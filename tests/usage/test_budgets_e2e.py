@@ -298,8 +298,10 @@ def test_with_redis_the_counters_ride_in_the_quota_gates_round_trip(
         assert ask(server.http, "combo/bgc", headers).status_code == 200  # 200
     assert [c[0] for c in commands] == ["MGET", "EVALSHA"], commands
     names = commands[0][1:]
-    assert [n.split(":", 2)[1] for n in names] == ["quota", "combo", "budget"], names
+    # Last, the seeding sentinel: gone after a Redis flush, the counters are seeded again.
+    assert [n.split(":", 2)[1] for n in names] == ["quota", "combo", "budget", "budget-seeded"]
     assert names[2].startswith(counter)
+    assert names[3] == f"{prefix}:budget-seeded"
     assert commands[1][2:5] == ["1", names[2], "100"]  # one key: the counter, by 100 tokens
 
     assert ask(server.http, "combo/bgc", headers).status_code == 200  # 200 < 250 → 300
