@@ -8,17 +8,20 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 from django.utils.http import urlencode
 
 from accounts import access, key_services
 from accounts.models import ClientKey, ManagementToken, UserBudget
-from usage.budgets import stored_budgets
+from usage import budget_selectors
+from usage.budgets import scoped_budgets, stored_budgets
 
 BUDGETS_HELP = (
     'A list of budgets: {"tokens": 100000, "period": "day"} (day, week or month, in '
-    'OCX_TIME_ZONE) and/or {"windowPercent": 30, "provider": "NAME"} (at most 30 points of each '
-    "quota window of that provider). [] for none."
+    'OCX_TIME_ZONE), {"usd": 50, "period": "month"} (US dollars of cost) and/or '
+    '{"windowPercent": 30, "provider": "NAME"} (at most 30 points of each quota window of that '
+    "provider). [] for none."
 )
 
 
@@ -70,18 +73,28 @@ class KeyUserFilter(admin.SimpleListFilter):
 @admin.register(ClientKey)
 class ClientKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     form = ClientKeyForm
-    list_display = ("prefix", "user_link", "name", "rpm_limit", "budget_list", "created", "revoked")
+    list_display = (
+        "prefix",
+        "user_link",
+        "name",
+        "rpm_limit",
+        "budget_list",
+        "budget_use",
+        "created",
+        "revoked",
+    )
     list_filter = ("revoked", KeyUserFilter)
-    list_select_related = ("user",)
+    list_select_related = ("user", "user__ocx_budget")
     list_per_page = 100
     search_fields = ("prefix", "user__username", "name")
-    readonly_fields = ("prefix", "digest", "created", "revoked")
+    readonly_fields = ("prefix", "digest", "created", "revoked", "budget_use")
     fields = (
         "user",
         "name",
         "allowed_models",
         "rpm_limit",
         "budgets",
+        "budget_use",
         "prefix",
         "created",
         "revoked",
@@ -91,6 +104,16 @@ class ClientKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.display(description="budgets")
     def budget_list(self, obj: ClientKey) -> str:
         return _budgets_text(obj)
+
+    @admin.display(description="budget use")
+    def budget_use(self, obj: ClientKey) -> str:
+        """Each budget of the key and its user: what its period used, as recorded."""
+        if obj.pk is None:
+            return "—"
+        uses = budget_selectors.budget_use(scoped_budgets(obj))
+        if not uses:
+            return "—"
+        return format_html_join(mark_safe("<br>"), "{}: {}", ((u.scope, u.text) for u in uses))
 
     @admin.display(description="user", ordering="user__username")
     def user_link(self, obj: ClientKey) -> str:

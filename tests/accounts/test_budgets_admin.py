@@ -28,3 +28,39 @@ def test_key_and_user_budget_forms_show_the_budgets_help() -> None:
         assert response.status_code == 200, path
         # Django's admin renders help_text as HTML, unescaped.
         assert f"<div>{BUDGETS_HELP}</div>" in response.content.decode(), path
+
+
+def test_key_list_and_page_show_budget_use_from_the_records() -> None:
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from usage.models import UsageRollup
+
+    root = get_user_model().objects.create_superuser("root", "root@example.com", "pw-123456789")
+    bob = get_user_model().objects.create_user("bob", password="pw-123456789")
+    key = ClientKey.objects.create(
+        user=bob,
+        prefix="ocx_bb",
+        digest="e" * 64,
+        budgets=[{"usd": 5, "period": "month"}, {"tokens": 300, "period": "day"}],
+    )
+    UserBudget.objects.create(user=bob, budgets=[{"usd": 100, "period": "week"}])
+    ClientKey.objects.create(user=bob, prefix="ocx_cc", digest="f" * 64)
+    now = timezone.now().replace(second=0, microsecond=0)
+    UsageRollup.objects.create(
+        bucket=now - dt.timedelta(minutes=1) if now.minute else now,
+        user="bob",
+        key_id=key.pk,
+        input_tokens=300,
+        output_tokens=18,
+        cost_usd=1.2,
+    )
+    client = Client()
+    client.force_login(root)
+    listing = client.get("/admin/accounts/clientkey/").content.decode()
+    use = "key: $1.20 of $5.00 this month<br>key: 318 of 300 tokens today<br>user: $1.20 of $100.00 this week"
+    assert use in listing
+    assert "<td class=\"field-budget_use\">user: $1.20 of $100.00 this week</td>" in listing
+    page = client.get(f"/admin/accounts/clientkey/{key.pk}/change/").content.decode()
+    assert use in page
