@@ -1,7 +1,8 @@
 """`ocx key create --user U [--create-user] [--name N] [--models a,b] [--rpm N]
 [--budget SPEC]... | list | set ID ... | user-budget USER [--budget SPEC]... | revoke ID`.
 
-A budget SPEC is `tokens=N/day|week|month` (N may end in k or M) or `window=P%/PROVIDER`;
+A budget SPEC is `tokens=N/day|week|month` (N may end in k or M), `usd=D/day|week|month` or
+`window=P%/PROVIDER`;
 `--budget none` removes every budget (usage.budgets)."""
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ examples:
   ocx key set 3 --budget tokens=100k/day         # replaces key 3's budgets
   ocx key set 3 --budget none --rpm none         # removes them and the rpm limit
   ocx key user-budget alice --budget tokens=5M/month   # shared by all of alice's keys
+  ocx key set 4 --budget usd=50/month            # at most $50 of cost per month
   ocx key list
   ocx key revoke 3
 budget SPEC: tokens=N/day|week|month (N may end in k or M; calendar periods in OCX_TIME_ZONE)
+             usd=D/day|week|month (US dollars of cost at the served target's price)
              window=P%/PROVIDER (at most P points of each quota window of that provider)
 Codex sends the key as its bearer token: export OCX_API_KEY=ocx_... (env_key in config.toml).
 """
