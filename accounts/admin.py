@@ -9,8 +9,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import mark_safe
 from django.utils.http import urlencode
+from django.utils.safestring import mark_safe
 
 from accounts import access, key_services
 from accounts.models import ClientKey, ManagementToken, UserBudget

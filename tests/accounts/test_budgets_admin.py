@@ -59,8 +59,11 @@ def test_key_list_and_page_show_budget_use_from_the_records() -> None:
     client = Client()
     client.force_login(root)
     listing = client.get("/admin/accounts/clientkey/").content.decode()
-    use = "key: $1.20 of $5.00 this month<br>key: 318 of 300 tokens today<br>user: $1.20 of $100.00 this week"
+    use = (
+        "key: $1.20 of $5.00 this month<br>key: 318 of 300 tokens today"
+        "<br>user: $1.20 of $100.00 this week"
+    )
     assert use in listing
-    assert "<td class=\"field-budget_use\">user: $1.20 of $100.00 this week</td>" in listing
+    assert '<td class="field-budget_use">user: $1.20 of $100.00 this week</td>' in listing
     page = client.get(f"/admin/accounts/clientkey/{key.pk}/change/").content.decode()
     assert use in page

@@ -114,13 +114,13 @@ async def test_usd_budget_refuses_in_dollars_with_events_at_80_and_100(
 
 
 async def test_remaining_dollars_have_cents() -> None:
-    gate = BudgetGate(MemoryBudgetStore(), prefix="t")
+    bg = BudgetGate(MemoryBudgetStore(), prefix="t")
     both = (KEY_TOKENS, TEAM_USD)
-    await gate.charge(both, tokens=1000, usd_micros=1_000_000, served=None, now_ms=NOW)
-    refusal = await gate.admit(both, NOW)
+    await bg.charge(both, tokens=1000, usd_micros=1_000_000, served=None, now_ms=NOW)
+    refusal = await bg.admit(both, NOW)
     assert refusal is not None and refusal.budget == KEY_TOKENS  # $1 of $2.50 is not spent
-    await gate.charge(both, tokens=1, usd_micros=1_500_000, served=None, now_ms=NOW)
-    refused = await gate.admit((TEAM_USD,), NOW)
+    await bg.charge(both, tokens=1, usd_micros=1_500_000, served=None, now_ms=NOW)
+    refused = await bg.admit((TEAM_USD,), NOW)
     assert refused is not None
     assert refused.headers(NOW)[:2] == [
         (b"x-ocx-budget-limit", b"2.50"),
@@ -152,17 +152,17 @@ def test_the_charge_is_the_served_targets_price() -> None:
         ),
         ProviderSpec(name="local", adapter="openai-chat", base_url="http://127.0.0.1:1/v1"),
     )
-    gate = BudgetGate(MemoryBudgetStore(), prefix="t")
+    bg = BudgetGate(MemoryBudgetStore(), prefix="t")
     usage = {"input_tokens": 1_000_000, "cached_tokens": 200_000, "output_tokens": 100_000}
     at = NOW / 1000
     # 800k x 1.25 + 200k x 0.125 + 100k x 10 per million = 1.00 + 0.025 + 1.00 = $2.025.
-    assert gate.cost_micros(snapshot, "api/m", at=at, **usage) == 2_025_000
-    assert gate.cost_micros(snapshot, "cg/m", at=at, **usage) == 0  # a subscription
-    assert gate.cost_micros(snapshot, "local/m", at=at, **usage) == 0  # unpriced
-    assert gate.cost_micros(snapshot, "", at=at, **usage) == 0  # nothing served
+    assert bg.cost_micros(snapshot, "api/m", at=at, **usage) == 2_025_000
+    assert bg.cost_micros(snapshot, "cg/m", at=at, **usage) == 0  # a subscription
+    assert bg.cost_micros(snapshot, "local/m", at=at, **usage) == 0  # unpriced
+    assert bg.cost_micros(snapshot, "", at=at, **usage) == 0  # nothing served
     none = {"input_tokens": None, "cached_tokens": None, "output_tokens": None}
-    assert gate.cost_micros(snapshot, "api/m", at=at, **none) == 0  # no usage reported
-    assert gate.wants_cost((KEY_USD,)) and not gate.wants_cost((KEY_TOKENS,))
+    assert bg.cost_micros(snapshot, "api/m", at=at, **none) == 0  # no usage reported
+    assert bg.wants_cost((KEY_USD,)) and not bg.wants_cost((KEY_TOKENS,))
 
 
 # --- seeding: counters from what was recorded ------------------------------------------------
@@ -180,55 +180,55 @@ class Recorded:
 
 async def test_seeding_raises_a_counter_to_what_was_recorded_and_never_lowers_it() -> None:
     recorded = Recorded({("k1", "tokens", "day"): 1200, ("k1", "usd", "month"): 60_000_000})
-    gate = BudgetGate(MemoryBudgetStore(), prefix="t", recorded=recorded)
+    bg = BudgetGate(MemoryBudgetStore(), prefix="t", recorded=recorded)
     now = int(time.time() * 1000)  # the seeding reads the clock: counters of today
     budgets = (KEY_TOKENS, KEY_USD)
-    assert gate.unseeded(budgets)
-    await gate.seed(budgets)
-    assert not gate.unseeded(budgets) and recorded.calls == [
+    assert bg.unseeded(budgets)
+    await bg.seed(budgets)
+    assert not bg.unseeded(budgets) and recorded.calls == [
         [("k1", "tokens", "day"), ("k1", "usd", "month")]
     ]
-    refusal = await gate.admit(budgets, now)
+    refusal = await bg.admit(budgets, now)
     assert refusal is not None and refusal.used in (1200, 60.0)
     # Seeded once: a second seed reads nothing.
-    await gate.seed(budgets)
+    await bg.seed(budgets)
     assert len(recorded.calls) == 1
     # A counter ahead of the records (a batch not yet written) is never lowered.
     user = ScopedBudget("user", "u1", "user dev", TokenBudget(500, "day"))
-    await gate.charge((user,), tokens=400, served=None, now_ms=now)
+    await bg.charge((user,), tokens=400, served=None, now_ms=now)
     recorded.values[("u1", "tokens", "day")] = 100
-    await gate.seed((user,))
-    assert await gate.admit((user,), now) is None
-    await gate.charge((user,), tokens=100, served=None, now_ms=now)
-    assert await gate.admit((user,), now) is not None  # 500: 400 + 100, not 100 + 100
+    await bg.seed((user,))
+    assert await bg.admit((user,), now) is None
+    await bg.charge((user,), tokens=100, served=None, now_ms=now)
+    assert await bg.admit((user,), now) is not None  # 500: 400 + 100, not 100 + 100
 
 
 async def test_a_budget_removed_and_set_again_is_seeded_again() -> None:
     recorded = Recorded({})
-    gate = BudgetGate(MemoryBudgetStore(), prefix="t", recorded=recorded)
+    bg = BudgetGate(MemoryBudgetStore(), prefix="t", recorded=recorded)
 
     class Info:
         def __init__(self, budgets: tuple[ScopedBudget, ...]) -> None:
             self.budgets = budgets
 
-    await gate.seed((KEY_TOKENS,))
-    gate.retain({"d": Info((KEY_TOKENS,))})
-    assert not gate.unseeded((KEY_TOKENS,))
-    gate.retain({"d": Info(())})
-    assert gate.unseeded((KEY_TOKENS,))
+    await bg.seed((KEY_TOKENS,))
+    bg.retain({"d": Info((KEY_TOKENS,))})
+    assert not bg.unseeded((KEY_TOKENS,))
+    bg.retain({"d": Info(())})
+    assert bg.unseeded((KEY_TOKENS,))
 
 
 async def test_a_failing_seed_admits_and_is_retried_later() -> None:
     def broken(ids: Sequence[SeedId], now_ms: int) -> dict[SeedId, int]:
         raise OSError("database unavailable")
 
-    gate = BudgetGate(MemoryBudgetStore(), prefix="t", recorded=broken, seed_retry_s=3600)
-    await gate.seed((KEY_TOKENS,))
-    assert gate.unseeded((KEY_TOKENS,))
-    assert await gate.admit((KEY_TOKENS,), NOW) is None
-    gate.recorded = Recorded({})
-    await gate.seed((KEY_TOKENS,))  # within the retry delay: not tried
-    assert gate.unseeded((KEY_TOKENS,))
+    bg = BudgetGate(MemoryBudgetStore(), prefix="t", recorded=broken, seed_retry_s=3600)
+    await bg.seed((KEY_TOKENS,))
+    assert bg.unseeded((KEY_TOKENS,))
+    assert await bg.admit((KEY_TOKENS,), NOW) is None
+    bg.recorded = Recorded({})
+    await bg.seed((KEY_TOKENS,))  # within the retry delay: not tried
+    assert bg.unseeded((KEY_TOKENS,))
 
 
 async def test_a_flushed_redis_is_noticed_and_the_counters_seeded_again() -> None:
@@ -239,24 +239,24 @@ async def test_a_flushed_redis_is_noticed_and_the_counters_seeded_again() -> Non
     recorded = Recorded({("k1", "tokens", "day"): 1500})
     store = RedisBudgetStore(url)
     prefix = f"t-{uuid.uuid4().hex[:8]}"
-    gate = BudgetGate(store, prefix=prefix, recorded=recorded)
+    bg = BudgetGate(store, prefix=prefix, recorded=recorded)
     try:
-        await gate.seed((KEY_TOKENS,))
+        await bg.seed((KEY_TOKENS,))
         assert await store.redis.execute("GET", f"{prefix}:budget-seeded") == b"1"
-        assert (await gate.admit((KEY_TOKENS,), now)) is not None
-        # A flush (here: this gate's keys deleted) empties the counter and the sentinel.
-        counter = gate._counter(KEY_TOKENS, KEY_TOKENS.budget, now)[0]  # type: ignore[arg-type]
+        assert (await bg.admit((KEY_TOKENS,), now)) is not None
+        # A flush (here: this bg's keys deleted) empties the counter and the sentinel.
+        counter = bg._counter(KEY_TOKENS, KEY_TOKENS.budget, now)[0]  # type: ignore[arg-type]
         await store.redis.execute("DEL", counter, f"{prefix}:budget-seeded")
-        refusal = await gate.admit((KEY_TOKENS,), now)
+        refusal = await bg.admit((KEY_TOKENS,), now)
         assert refusal is not None and refusal.used == 1500
         assert len(recorded.calls) == 2
-        # Read along the quota gate's MGET: the sentinel comes last.
+        # Read along the quota bg's MGET: the sentinel comes last.
         names = [counter, f"{prefix}:budget-seeded"]
         store.note_read = lambda names, values: None  # type: ignore[attr-defined]
-        assert gate.along((KEY_TOKENS,), now) == names
-        assert await gate.admit_along((KEY_TOKENS,), names, [b"10", b"1"], now) is None
+        assert bg.along((KEY_TOKENS,), now) == names
+        assert await bg.admit_along((KEY_TOKENS,), names, [b"10", b"1"], now) is None
         await store.redis.execute("DEL", counter, f"{prefix}:budget-seeded")
-        refused = await gate.admit_along((KEY_TOKENS,), names, [None, None], now)
+        refused = await bg.admit_along((KEY_TOKENS,), names, [None, None], now)
         assert refused is not None and refused.used == 1500 and len(recorded.calls) == 3
     finally:
         await store.redis.aclose()
