@@ -293,6 +293,14 @@ class BudgetGate:
         from server.background import in_thread
 
         assert self.recorded is not None
+        if any(kind == "usd" for _, kind, _ in self._want):
+            # The price data loads here, in a thread, not at the first dollar charge.
+            from routing.pricing import provider_ids
+
+            try:
+                await in_thread(provider_ids)
+            except Exception:  # noqa: BLE001 - the charge then loads it; seeding goes on
+                log.exception("budget counters: could not load the price data")
         while self._want:
             ids, self._want = sorted(self._want), set()
             now_ms = int(time.time() * 1000)
