@@ -918,6 +918,7 @@ def _record_route(entry: RequestEntry, result: RouteResult) -> None:
             "cooledUntil": r.cooled_until,
             "ms": r.ms,
             **({"malformedFrames": r.malformed} if r.malformed else {}),
+            **({"waitMs": r.wait_ms} if r.wait_ms is not None else {}),
         }
         for r in result.attempts
     ]
