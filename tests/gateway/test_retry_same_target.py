@@ -97,9 +97,7 @@ def test_a_429_once_is_retried_on_the_same_target(
 
 
 @pytest.mark.parametrize("adapter", ["openai-responses", "openai-chat", "anthropic"])
-def test_a_500_once_is_retried_on_the_same_target(
-    server: Server, mock: Mock, adapter: str
-) -> None:
+def test_a_500_once_is_retried_on_the_same_target(server: Server, mock: Mock, adapter: str) -> None:
     mock.script("fa", [{"status": 500}])
     combo_id, headers = setup_combo(
         server, mock, [("p1", "fa"), ("p2", "fb")], adapters={"p1": adapter}, **RETRY

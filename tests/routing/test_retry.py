@@ -29,9 +29,7 @@ def err(code: str, message: str = "x", type_: str = "server_error") -> dict[str,
 def verdict(failure: Failure, policy: RetryPolicy | None = POLICY, **kw: Any) -> int | None:
     args: dict[str, Any] = {"retries_done": 0, "now": NOW, "deadline": None}
     args.update(kw)
-    return retry_wait(
-        failure, classify(failure), policy, rng=random.Random(7), **args
-    ).wait_ms
+    return retry_wait(failure, classify(failure), policy, rng=random.Random(7), **args).wait_ms
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,9 +146,7 @@ def test_without_a_hint_the_wait_is_a_jittered_backoff_capped_by_max_wait() -> N
     assert all(w is not None and BACKOFF_MIN_MS <= w <= BACKOFF_MAX_MS for w in waits)
     assert len(waits) > 10  # jittered, not one fixed value
     assert verdict(Failure(status=500), RetryPolicy(attempts=1, max_wait_ms=0)) == 0
-    assert verdict(Failure(status=500), RetryPolicy(attempts=1, max_wait_ms=120)) in range(
-        100, 121
-    )
+    assert verdict(Failure(status=500), RetryPolicy(attempts=1, max_wait_ms=120)) in range(100, 121)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,9 +154,7 @@ def test_without_a_hint_the_wait_is_a_jittered_backoff_capped_by_max_wait() -> N
 
 
 FAILURES = hs.sampled_from([*RETRIED.values(), *NOT_RETRIED.values()])
-POLICIES = hs.builds(
-    RetryPolicy, attempts=hs.integers(1, 3), max_wait_ms=hs.integers(0, 10_000)
-)
+POLICIES = hs.builds(RetryPolicy, attempts=hs.integers(1, 3), max_wait_ms=hs.integers(0, 10_000))
 
 
 @given(
@@ -306,9 +300,8 @@ def test_no_retry_for_auth_or_a_429_without_hint(outcome: Outcome) -> None:
 
 
 def test_a_stop_is_not_retried() -> None:
-    bad = Outcome(
-        False, Failure(status=400, body=err("invalid_request_error", "bad", "invalid_request_error"))
-    )
+    body = err("invalid_request_error", "bad", "invalid_request_error")
+    bad = Outcome(False, Failure(status=400, body=body))
     result, dispatched, clock, _ = run({A.key: [bad], B.key: [OK]})
     assert dispatched == [A.key] and clock.slept == []
     assert [a.outcome for a in result.attempts] == ["stop"]
