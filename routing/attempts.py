@@ -270,12 +270,13 @@ async def _dispatch_retrying(
     last outcome and its duration. The deadline is the target's `totalMs` from the first try.
     On a client abort the attempt (or the wait) is recorded as cancelled and the error raised."""
     policy = combo.retry_same_target
-    provider = providers.get(target.provider)
-    first = now()
-    deadline = None if provider is None else first + provider.timeouts.total_ms
+    deadline: int | None = None
     retries = 0
     while True:
         started = now()
+        if policy is not None and retries == 0:
+            provider = providers.get(target.provider)
+            deadline = None if provider is None else started + provider.timeouts.total_ms
         try:
             outcome = await dispatch(target, False)
         except asyncio.CancelledError:
