@@ -735,7 +735,9 @@ class ProxyApp:
         runtime = self.runtime
         _record_route(exchange.entry, result)
         for record in result.attempts:
-            if record.outcome == "hop":
+            if record.outcome == "retry":
+                metrics.SAME_TARGET_RETRIES.labels(combo.id, record.reason).inc()
+            elif record.outcome == "hop":
                 metrics.HOPS.labels(combo.id, record.reason).inc()
                 # Only when a hop happened: a request served first time emits nothing.
                 runtime.emit(

@@ -7,6 +7,7 @@ leaves no cooldown; spent retries cool and hop as before; other failures never r
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -37,6 +38,12 @@ def states(server: Server, combo_id: str) -> dict[str, str]:
     r = server.api.get("/api/status", params={"combo": combo_id})
     assert r.status_code == 200, r.text
     return {t["target"]: t["state"] for t in r.json()["combos"][0]["targets"]}
+
+
+def counted(server: Server, metric: str, combo_id: str, reason: str) -> float:
+    text = server.http.get("/metrics").text
+    found = re.search(rf'^{metric}\{{combo="{combo_id}",reason="{reason}"\}} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
 
 
 def route(entry: dict[str, Any]) -> list[tuple[str, int | None, str, int | None]]:
@@ -114,6 +121,8 @@ def test_a_500_once_is_retried_on_the_same_target(server: Server, mock: Mock, ad
     assert wait is not None and 100 <= wait <= 500  # the jittered backoff
     assert served == ("p1/fa", 200, "served", None)
     assert states(server, combo_id)["p1/fa"] == "available"
+    assert counted(server, "ocx_same_target_retries_total", combo_id, "server_error") == 1
+    assert counted(server, "ocx_hops_total", combo_id, "server_error") == 0
 
 
 def test_a_reset_connection_is_retried(server: Server, mock: Mock) -> None:
