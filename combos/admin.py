@@ -53,6 +53,12 @@ COMBO_HELP = {
     "(needs a display name). Off = the alias must not look like an OpenAI model.",
     "override_target": "Manual override: provider/model of one target below to pin every "
     "request to. Empty = automatic (the strategy decides).",
+    "retry_attempts": "Retry the same target before hopping, up to this many times (1-3), on a "
+    "transient failure before any output: a 429 whose Retry-After fits the max wait, a 500/502/"
+    "503/504 that is not quota or billing, a refused or reset connection. Never on quota, auth, "
+    "other 4xx, context overflow or refusals. Empty = off: hop at once.",
+    "retry_max_wait_ms": "The longest wait before such a retry (0-10000 ms): a longer "
+    "Retry-After hops at once; without one the wait is 100-500 ms. Set both or neither.",
 }
 TARGET_HELP = {
     "position": "The order: drag the handle to move a target.",
@@ -78,12 +84,20 @@ COMBO_FIELD = {
     "nativeAlias": "native_alias",
     "displayName": "display_name",
     "override": "override_target",
+    "retrySameTarget": "retry_attempts",
+}
+# Issues of an object field's own keys (path head + key) -> their form field.
+COMBO_SUBFIELD = {
+    "retrySameTarget.attempts": "retry_attempts",
+    "retrySameTarget.maxWaitMs": "retry_max_wait_ms",
 }
 TARGET_FIELD = {"provider": "provider", "model": "model", "weight": "weight"}
 TARGET_FIELD["lastResort"] = "last_resort"
 # Only the camelCase names: "override" or "weight" already read as words.
-_CAMEL = sorted((n for n in {*COMBO_FIELD, *TARGET_FIELD} if n != n.lower()), key=len)
-_NAMES = re.compile(r"\b(" + "|".join(reversed(_CAMEL)) + r")\b")
+_CAMEL = sorted(
+    (n for n in {*COMBO_FIELD, *COMBO_SUBFIELD, *TARGET_FIELD} if n != n.lower()), key=len
+)
+_NAMES = re.compile(r"\b(" + "|".join(map(re.escape, reversed(_CAMEL))) + r")\b")
 _TARGET_PATH = re.compile(r"targets\[(\d+)\](?:\.(\w+))?")
 
 
@@ -93,7 +107,8 @@ def human_message(message: str, *, in_row: bool = False) -> str:
     first letter capitalised."""
 
     def field(name: str) -> str:
-        return (COMBO_FIELD.get(name) or TARGET_FIELD.get(name) or name).replace("_", " ")
+        found = COMBO_SUBFIELD.get(name) or COMBO_FIELD.get(name) or TARGET_FIELD.get(name)
+        return (found or name).replace("_", " ")
 
     def target(m: re.Match[str]) -> str:
         row = f"target {int(m[1]) + 1}"
@@ -132,6 +147,8 @@ class ComboForm(forms.ModelForm):  # type: ignore[type-arg]
             "native_alias",
             "display_name",
             "override_target",
+            "retry_attempts",
+            "retry_max_wait_ms",
         ]
         help_texts = COMBO_HELP
 
@@ -228,7 +245,9 @@ class ComboTargetFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
                     continue
                 if field is not None:
                     continue
-            field = "combo_id" if head is None else COMBO_FIELD.get(str(head))
+            sub = ".".join(map(str, issue.path[:2])) if len(issue.path) > 1 else ""
+            field = "combo_id" if head is None else COMBO_SUBFIELD.get(sub)
+            field = field or (None if head is None else COMBO_FIELD.get(str(head)))
             if combo_form is not None and field is not None and field in combo_form.fields:
                 if not combo_form.has_error(field):
                     combo_form.add_error(field, human_message(issue.message))
@@ -324,6 +343,8 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                     "cooldown_ms",
                     "wait_for_cooldown_ms",
                     "cooldown_wait_policy",
+                    "retry_attempts",
+                    "retry_max_wait_ms",
                 )
             },
         ),

@@ -22,8 +22,10 @@ MSG_STRATEGY = "--strategy must be one of: " + ", ".join(STRATEGIES)
 MSG_EFFORT = "--effort must be one of: " + ", ".join(EFFORTS) + ", or -"
 MSG_REMOVE_YES = "remove requires --yes"
 MSG_MODE = "mode must be auto or pin <provider/model>"
+MSG_RETRY = "--retry-same-target must be ATTEMPTS/MAX_WAIT_MS (e.g. 2/2000) or - (off)"
 
 _INT_RE = re.compile(r"-?[0-9]+")
+_RETRY_RE = re.compile(r"([0-9]{1,9})/([0-9]{1,9})")
 _SUBCOMMANDS = {
     "list": "list",
     "show": "show",
@@ -132,6 +134,18 @@ def parse_clearable(value: str) -> str:
     return "" if value == CLEAR else value
 
 
+def parse_retry_same_target(value: str) -> dict[str, int] | None:
+    """`--retry-same-target ATTEMPTS/MAX_WAIT_MS` -> `retrySameTarget`; `-` turns it off (null).
+    The ranges (1-3, 0-10000) are the server's check (`routing.validate`)."""
+    text = value.strip()
+    if text == CLEAR:
+        return None
+    match = _RETRY_RE.fullmatch(text)
+    if match is None:
+        raise CliUsageError(MSG_RETRY)
+    return {"attempts": int(match[1]), "maxWaitMs": int(match[2])}
+
+
 def require_yes(yes: bool) -> None:
     """`remove` refuses to run without `--yes`."""
     if not yes:
@@ -162,13 +176,15 @@ def build_set_request(
     display_name: str | None = None,
     rename_from: str | None = None,
     current: Mapping[str, object] | None = None,
+    retry_same_target: str | None = None,
 ) -> dict[str, object]:
     """The `PUT /api/combos` body `{id, combo, renameFrom?}` of `ocx combo set` (§8.4).
 
     Flag values are the raw strings (None = flag absent). `--sticky` is sent only for
     round-robin; `--effort -` sends `defaultEffort: null`; `--alias -`/`--display-name -` send
     `""`. `current` is the stored combo read first: its `imageInput: "disabled"` is kept. Other
-    omitted fields are left to the server's preserve-on-omit merge.
+    omitted fields are left to the server's preserve-on-omit merge (`--retry-same-target`
+    left out keeps the stored policy; `-` sends null, off).
     """
     if combo_id is None or not combo_id.strip():
         raise CliUsageError(MSG_ID_REQUIRED)
@@ -187,6 +203,8 @@ def build_set_request(
         combo["nativeAlias"] = True
     if display_name is not None:
         combo["displayName"] = parse_clearable(display_name)
+    if retry_same_target is not None:
+        combo["retrySameTarget"] = parse_retry_same_target(retry_same_target)
     if current is not None and current.get("imageInput") == "disabled":
         combo["imageInput"] = "disabled"
     body: dict[str, object] = {"id": combo_id.strip(), "combo": combo}

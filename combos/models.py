@@ -34,6 +34,13 @@ class Combo(models.Model):
     display_name = models.CharField(max_length=128, null=True, blank=True)
     # Manual override (PRODUCT §8.5): null = automatic, else "provider/model".
     override_target = models.CharField(max_length=512, null=True, blank=True)
+    # `retrySameTarget` (issue #29): both null = off; `routing.validate` checks the pair.
+    retry_attempts = models.PositiveSmallIntegerField(
+        "retry same target: attempts", null=True, blank=True
+    )
+    retry_max_wait_ms = models.PositiveIntegerField(
+        "retry same target: max wait (ms)", null=True, blank=True
+    )
     # Operator resets of the routing state: {"*" or "provider/model": epoch ms} (ComboSpec.resets).
     state_resets = models.JSONField(default=dict, blank=True)
     updated = models.DateTimeField(auto_now=True)

@@ -52,6 +52,11 @@ def combo_raw(combo: Combo, targets: list[dict[str, object]] | None = None) -> d
         raw["displayName"] = combo.display_name
     if combo.override_target:
         raw["override"] = {"target": combo.override_target}
+    if combo.retry_attempts is not None or combo.retry_max_wait_ms is not None:
+        raw["retrySameTarget"] = {
+            "attempts": combo.retry_attempts,
+            "maxWaitMs": combo.retry_max_wait_ms,
+        }
     return raw
 
 

@@ -47,6 +47,9 @@ def _write_combo(spec: ComboSpec, existing: Combo | None) -> Combo:
     combo.native_alias = spec.native_alias
     combo.display_name = spec.display_name
     combo.override_target = spec.override
+    retry = spec.retry_same_target
+    combo.retry_attempts = None if retry is None else retry.attempts
+    combo.retry_max_wait_ms = None if retry is None else retry.max_wait_ms
     combo.full_clean(validate_unique=False)
     combo.save()
     combo.targets.all().delete()

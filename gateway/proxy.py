@@ -754,7 +754,9 @@ class ProxyApp:
         runtime = self.runtime
         _record_route(exchange.entry, result)
         for record in result.attempts:
-            if record.outcome == "hop":
+            if record.outcome == "retry":
+                metrics.SAME_TARGET_RETRIES.labels(combo.id, record.reason).inc()
+            elif record.outcome == "hop":
                 metrics.HOPS.labels(combo.id, record.reason).inc()
                 # Only when a hop happened: a request served first time emits nothing.
                 runtime.emit(
@@ -937,6 +939,7 @@ def _record_route(entry: RequestEntry, result: RouteResult) -> None:
             "cooledUntil": r.cooled_until,
             "ms": r.ms,
             **({"malformedFrames": r.malformed} if r.malformed else {}),
+            **({"waitMs": r.wait_ms} if r.wait_ms is not None else {}),
         }
         for r in result.attempts
     ]

@@ -3,8 +3,9 @@
 I/O is injected: `dispatch(target)` performs one upstream attempt and says whether it
 committed (output reached the client, PRODUCT §5.4) or failed before commit. The loop
 owns the bookkeeping of combos-behaviour.md §3–§4: at most one attempt per target
-(plus the single-target retry), cooldowns with the §3.4 precedence, scopes of §3.3,
-client aborts that advance nothing, and the route trace for the request log.
+(plus the single-target retry and a combo's `retrySameTarget`, `routing.retry`), cooldowns
+with the §3.4 precedence, scopes of §3.3, client aborts that advance nothing, and the route
+trace for the request log.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from routing import state as st
 from routing.classify import Decision, Failure, classify, overflow_allows
 from routing.cooldown import cooldown
 from routing.eligibility import AccessOf
+from routing.retry import retry_wait
 from routing.strategies import Predicate, Sleep, retry_after_seconds, select
 from routing.types import ComboSpec, ProviderSpec, TargetSpec
 
@@ -48,12 +50,14 @@ class Outcome:
 class AttemptRecord:
     target: str
     status: int | None
-    # "served", "hop", "stop", "failed_after_commit", "client_cancelled", "local_overload"
+    # "served", "hop", "stop", "failed_after_commit", "client_cancelled", "local_overload",
+    # "retry" (the same target is tried again after `wait_ms`: no cooldown, no failure noted)
     outcome: str
     reason: str = ""
     cooled_until: int | None = None
     ms: int = 0
     malformed: int = 0  # malformed stream frames (`Outcome.malformed`)
+    wait_ms: int | None = None  # "retry" only: the wait before the next try
 
 
 @dataclass
@@ -149,20 +153,15 @@ async def route(
         if selection.single_target_retry:
             retry_available = False
         key = target.key
-        started = now()
         try:
-            outcome = await dispatch(target, False)
+            outcome, elapsed = await _dispatch_retrying(
+                combo, providers, target, dispatch, result, now=now, sleep=sleep, rng=rng
+            )
         except asyncio.CancelledError:
             await store.update(
                 combo.id, st.stamped(combo, revision, _aborted(combo, key, selection.probe))
             )
-            result.attempts.append(
-                AttemptRecord(
-                    key, 499, "client_cancelled", "client_cancelled", None, now() - started
-                )
-            )
             raise
-        elapsed = now() - started
         if outcome.committed and outcome.failure is None:
             # A success that changes nothing in the state this pick saw (a healthy failover
             # target) is not written: one store round trip less per request. A cooldown another
@@ -253,6 +252,75 @@ async def route(
         if decision.needs_larger_context:
             failed_window = _context_window(providers, target)
             overflow = _larger_than(providers, failed_window)
+
+
+async def _dispatch_retrying(
+    combo: ComboSpec,
+    providers: Mapping[str, ProviderSpec],
+    target: TargetSpec,
+    dispatch: Dispatch,
+    result: RouteResult,
+    *,
+    now: Callable[[], int],
+    sleep: Sleep,
+    rng: random.Random,
+) -> tuple[Outcome, int]:
+    """Dispatch `target`, and again after a transient failure while the combo's
+    `retrySameTarget` allows (each retry is a "retry" record: nothing cooled or noted); the
+    last outcome and its duration. The deadline is the target's `totalMs` from the first try.
+    On a client abort the attempt (or the wait) is recorded as cancelled and the error raised."""
+    policy = combo.retry_same_target
+    deadline: int | None = None
+    retries = 0
+    while True:
+        started = now()
+        if policy is not None and retries == 0:
+            provider = providers.get(target.provider)
+            deadline = None if provider is None else started + provider.timeouts.total_ms
+        try:
+            outcome = await dispatch(target, False)
+        except asyncio.CancelledError:
+            result.attempts.append(
+                AttemptRecord(
+                    target.key, 499, "client_cancelled", "client_cancelled", None, now() - started
+                )
+            )
+            raise
+        elapsed = now() - started
+        failure = outcome.failure
+        if policy is None or failure is None or outcome.committed:
+            return outcome, elapsed
+        if outcome.callers_own or not outcome.cool:
+            return outcome, elapsed  # the caller's own credential or quota: not transient
+        decision = classify(failure)
+        verdict = retry_wait(
+            failure, decision, policy, retries_done=retries, now=now(), deadline=deadline, rng=rng
+        )
+        if verdict.wait_ms is None:
+            return outcome, elapsed
+        result.attempts.append(
+            AttemptRecord(
+                target.key,
+                failure.status,
+                "retry",
+                decision.reason,
+                None,
+                elapsed,
+                outcome.malformed,
+                verdict.wait_ms,
+            )
+        )
+        retries += 1
+        waited = now()
+        try:
+            await sleep(verdict.wait_ms)
+        except asyncio.CancelledError:
+            result.attempts.append(
+                AttemptRecord(
+                    target.key, 499, "client_cancelled", "client_cancelled", None, now() - waited
+                )
+            )
+            raise
 
 
 Update = Callable[[st.ComboState], tuple[st.ComboState, None]]

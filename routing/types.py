@@ -86,6 +86,15 @@ class TargetSpec:
 
 
 @dataclass(frozen=True)
+class RetryPolicy:
+    """A combo's `retrySameTarget`: retry a transient pre-commit failure on the same target up
+    to `attempts` times, waiting at most `max_wait_ms` each time (`routing.retry`)."""
+
+    attempts: int
+    max_wait_ms: int
+
+
+@dataclass(frozen=True)
 class ComboSpec:
     """A normalized combo (combos-behaviour.md §1.6) plus ocx's manual `override`."""
 
@@ -105,6 +114,8 @@ class ComboSpec:
     display_name: str | None = None
     # None = automatic; otherwise the "provider/model" key every request is pinned to.
     override: str | None = None
+    # None = off: a transient failure hops at once (today's behaviour).
+    retry_same_target: RetryPolicy | None = None
     # When an operator last cleared the routing state ("*": the whole combo, else a target key;
     # epoch ms). Not part of the definition: no equality, no fingerprint (`repr`).
     resets: Mapping[str, int] = field(

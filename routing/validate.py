@@ -29,6 +29,7 @@ from routing.types import (
     ModelPrice,
     ModelSpec,
     ProviderSpec,
+    RetryPolicy,
     TargetSpec,
     Timeouts,
 )
@@ -90,6 +91,9 @@ MSG_DISPLAY_STRING = "displayName must be a string"
 MSG_DISPLAY_BOUNDS = "displayName must be at most 128 characters and contain no control characters"
 MSG_DISPLAY_REQUIRED = "displayName is required for native aliases"
 MSG_OVERRIDE = 'override must be null or {"target": "provider/model"}'
+MSG_RETRY = 'retrySameTarget must be null or {"attempts": 1-3, "maxWaitMs": 0-10000}'
+MSG_RETRY_ATTEMPTS = "retrySameTarget.attempts must be an integer from 1 to 3"
+MSG_RETRY_WAIT = "retrySameTarget.maxWaitMs must be an integer from 0 to 10000"
 MSG_ADAPTER = "adapter must be " + ", ".join(f'"{a}"' for a in ADAPTERS[:-1])
 MSG_ADAPTER += f', or "{ADAPTERS[-1]}"'
 MSG_BASE_URL = "baseUrl must be an http(s) URL"
@@ -245,6 +249,7 @@ _COMBO_FIELDS: frozenset[str] = frozenset(
         "nativeAlias",
         "displayName",
         "override",
+        "retrySameTarget",
         # Read-only echoes of the GET shape (§8.1), accepted so GET output can be PUT back.
         "id",
         "model",
@@ -298,6 +303,7 @@ PRESERVED_COMBO_FIELDS: tuple[str, ...] = (
     "imageInput",
     "cooldownWaitPolicy",
     "override",
+    "retrySameTarget",
 )
 
 
@@ -503,6 +509,7 @@ def _validate_combo_body(
         issues.append(Issue(("displayName",), MSG_DISPLAY_REQUIRED))
 
     issues.extend(_validate_override(raw, target_keys))
+    issues.extend(_validate_retry(raw.get("retrySameTarget")))
     issues.extend(_unknown(raw, _COMBO_FIELDS, ()))
     return issues
 
@@ -577,6 +584,31 @@ def _validate_override(raw: Mapping[str, object], target_keys: Collection[str]) 
     return issues + _unknown(value, ("target",), ("override",))
 
 
+_RETRY_FIELDS = ("attempts", "maxWaitMs")
+
+
+def _validate_retry(value: object) -> list[Issue]:
+    """`retrySameTarget`: null (off) or `{"attempts": 1-3, "maxWaitMs": 0-10000}`, both keys."""
+    if value is None:
+        return []
+    if not isinstance(value, Mapping):
+        return [Issue(("retrySameTarget",), MSG_RETRY)]
+    issues: list[Issue] = []
+    if _int_in(value.get("attempts"), 1, 3) is None:
+        issues.append(Issue(("retrySameTarget", "attempts"), MSG_RETRY_ATTEMPTS))
+    if _int_in(value.get("maxWaitMs"), 0, 10_000) is None:
+        issues.append(Issue(("retrySameTarget", "maxWaitMs"), MSG_RETRY_WAIT))
+    return issues + _unknown(value, _RETRY_FIELDS, ("retrySameTarget",))
+
+
+def _retry_policy(value: object) -> RetryPolicy | None:
+    if not isinstance(value, Mapping):
+        return None
+    attempts = _int_in(value.get("attempts"), 1, 3)
+    wait = _int_in(value.get("maxWaitMs"), 0, 10_000)
+    return None if attempts is None or wait is None else RetryPolicy(attempts, wait)
+
+
 def _override_target(raw: object) -> str | None:
     if isinstance(raw, Mapping) and isinstance(raw.get("target"), str):
         return js_trim(raw["target"]) or None
@@ -629,6 +661,7 @@ def normalize_combo(combo_id: str, raw: Mapping[str, object]) -> ComboSpec:
         native_alias=raw.get("nativeAlias") is True,
         display_name=_trimmed_str(raw.get("displayName")) or None,
         override=override if override in {t.key for t in targets} else None,
+        retry_same_target=_retry_policy(raw.get("retrySameTarget")),
     )
 
 
@@ -662,6 +695,9 @@ def _combo_out(spec: ComboSpec, *, api: bool) -> dict[str, object]:
         out["override"] = {"target": spec.override}
     elif api:
         out["override"] = None
+    retry = spec.retry_same_target
+    if retry is not None:
+        out["retrySameTarget"] = {"attempts": retry.attempts, "maxWaitMs": retry.max_wait_ms}
     targets: list[dict[str, object]] = []
     for t in spec.targets:
         item: dict[str, object] = {"provider": t.provider, "model": t.model, "weight": t.weight}

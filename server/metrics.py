@@ -23,6 +23,11 @@ REQUESTS = Counter(
     ["combo", "target", "status"],
 )
 HOPS = Counter("ocx_hops_total", "Failovers to another target, by reason", ["combo", "reason"])
+SAME_TARGET_RETRIES = Counter(
+    "ocx_same_target_retries_total",
+    "Retries of the same target before a hop (retrySameTarget), by reason",
+    ["combo", "reason"],
+)
 COOLDOWNS = Counter("ocx_cooldowns_started_total", "Cooldowns set on a target", ["combo", "target"])
 UPSTREAM_LATENCY = Histogram(
     "ocx_upstream_latency_seconds",

@@ -118,7 +118,7 @@ def attempts_table(row: RequestLog) -> SafeString:
                 n,
                 a.get("target") or "—",
                 a.get("status") if a.get("status") is not None else "—",
-                a.get("outcome") or "—",
+                _outcome(a),
                 a.get("reason") or "—",
                 _cooled(a.get("cooledUntil"), row),
                 _ms(a.get("ms")),
@@ -132,6 +132,13 @@ def attempts_table(row: RequestLog) -> SafeString:
         "</tr></thead><tbody>{}</tbody></table>",
         body,
     )
+
+
+def _outcome(attempt: dict[str, object]) -> str:
+    """The attempt's outcome; a same-target retry says how long it waited first."""
+    outcome = str(attempt.get("outcome") or "—")
+    wait = attempt.get("waitMs")
+    return f"{outcome}, again after {_ms(wait)}" if isinstance(wait, int) else outcome
 
 
 def _cooled(until: object, row: RequestLog) -> SafeString | str:

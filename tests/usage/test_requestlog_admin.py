@@ -194,3 +194,40 @@ def test_bookmarks_of_the_pages_before_the_move_still_lead_there(staff: Client) 
     key = staff.get("/admin/ocxsite/clientkey/7/change/")
     assert (key.status_code, key["Location"]) == (301, "/admin/accounts/clientkey/7/change/")
     assert staff.get("/admin/ocxsite/somethingelse/").status_code == 404
+
+
+def test_a_same_target_retry_shows_its_wait(staff: Client) -> None:
+    row = _row(
+        "req-retry",
+        at=AT,
+        attempts=[
+            {
+                "target": "p1/m1",
+                "status": 429,
+                "outcome": "retry",
+                "reason": "rate_limited",
+                "cooledUntil": None,
+                "ms": 9,
+                "waitMs": 2000,
+            },
+            {"target": "p1/m1", "status": 200, "outcome": "served", "reason": "", "ms": 30},
+        ],
+    )
+    html = staff.get(f"/admin/usage/requestlog/{row.pk}/change/").content.decode()
+    attempts = html[
+        html.index('id="ocx-attempts"') : html.index("</table>", html.index('id="ocx-attempts"'))
+    ]
+    cells = [
+        re.sub(r"<[^>]+>", "", c).strip()
+        for c in re.findall(r"<td[^>]*>(.*?)</td>", attempts, re.S)
+    ]
+    assert cells[:7] == [
+        "1",
+        "p1/m1",
+        "429",
+        "retry, again after 2000 ms",
+        "rate_limited",
+        "—",
+        "9 ms",
+    ]
+    assert cells[7:11] == ["2", "p1/m1", "200", "served"]

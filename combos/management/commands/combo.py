@@ -35,6 +35,7 @@ def _set_parser() -> _Parser:
     p.add_argument("--native-alias", action="store_true")
     p.add_argument("--display-name")
     p.add_argument("--rename-from")
+    p.add_argument("--retry-same-target")
     p.add_argument("--json", action="store_true")
     return p
 
@@ -44,7 +45,7 @@ ocx combo list [--json]
        ocx combo show ID [--json]
        ocx combo set ID --targets PROVIDER/MODEL[:WEIGHT],... [--strategy S] [--sticky N]
                         [--effort E|-] [--alias A|-] [--native-alias] [--display-name D|-]
-                        [--rename-from OLD] [--json]
+                        [--retry-same-target ATTEMPTS/MAX_WAIT_MS|-] [--rename-from OLD] [--json]
        ocx combo remove ID --yes
        ocx combo mode ID auto|pin PROVIDER/MODEL
        ocx combo reset ID [--target PROVIDER/MODEL]
@@ -58,6 +59,7 @@ examples:
   ocx combo set main --targets openai/gpt-5.2,anthropic/claude-sonnet-4-5
   ocx combo set spread --targets a/m:3,b/m:1 --strategy round-robin --sticky 5
   ocx combo set main --alias gpt-5.6-team --native-alias --display-name "Team model"
+  ocx combo set main --targets a/m,b/m --retry-same-target 2/2000   # retry a 429/5xx twice
   ocx combo show main --json
   ocx combo mode main pin anthropic/claude-sonnet-4-5     # ocx combo mode main auto to undo
   ocx combo remove old --yes
@@ -156,6 +158,7 @@ class Command(ExamplesCommand):
             display_name=ns.display_name,
             rename_from=ns.rename_from,
             current=None if current is None else validate.combo_to_api(current),
+            retry_same_target=ns.retry_same_target,
         )
         combo = body["combo"]
         assert isinstance(combo, dict)
@@ -238,6 +241,15 @@ def _describe(spec: ComboSpec) -> str:
         lines.append(f"  display name: {spec.display_name}")
     if spec.default_effort:
         lines.append(f"  default effort: {spec.default_effort} ({spec.default_effort_mode})")
+    retry = spec.retry_same_target
+    lines.append(
+        "  retry same target: "
+        + (
+            f"up to {retry.attempts} time(s), waiting at most {retry.max_wait_ms} ms"
+            if retry is not None
+            else "off"
+        )
+    )
     for i, t in enumerate(spec.targets, 1):
         flags = " last-resort" if t.last_resort else ""
         lines.append(f"  {i}. {t.key} weight {t.weight}{flags}")
