@@ -35,6 +35,9 @@ def _set_parser() -> _Parser:
     p.add_argument("--native-alias", action="store_true")
     p.add_argument("--display-name")
     p.add_argument("--rename-from")
+    p.add_argument("--after-commit")
+    p.add_argument("--max-continuations")
+    p.add_argument("--buffer-max-bytes")
     p.add_argument("--json", action="store_true")
     return p
 
@@ -44,7 +47,8 @@ ocx combo list [--json]
        ocx combo show ID [--json]
        ocx combo set ID --targets PROVIDER/MODEL[:WEIGHT],... [--strategy S] [--sticky N]
                         [--effort E|-] [--alias A|-] [--native-alias] [--display-name D|-]
-                        [--rename-from OLD] [--json]
+                        [--rename-from OLD] [--after-commit error|continue|buffer]
+                        [--max-continuations 1-3] [--buffer-max-bytes N] [--json]
        ocx combo remove ID --yes
        ocx combo mode ID auto|pin PROVIDER/MODEL
        ocx combo reset ID [--target PROVIDER/MODEL]
@@ -58,6 +62,7 @@ examples:
   ocx combo set main --targets openai/gpt-5.2,anthropic/claude-sonnet-4-5
   ocx combo set spread --targets a/m:3,b/m:1 --strategy round-robin --sticky 5
   ocx combo set main --alias gpt-5.6-team --native-alias --display-name "Team model"
+  ocx combo set main --targets a/m,b/m --after-commit continue --max-continuations 2
   ocx combo show main --json
   ocx combo mode main pin anthropic/claude-sonnet-4-5     # ocx combo mode main auto to undo
   ocx combo remove old --yes
@@ -156,6 +161,9 @@ class Command(ExamplesCommand):
             display_name=ns.display_name,
             rename_from=ns.rename_from,
             current=None if current is None else validate.combo_to_api(current),
+            after_commit=ns.after_commit,
+            max_continuations=ns.max_continuations,
+            buffer_max_bytes=ns.buffer_max_bytes,
         )
         combo = body["combo"]
         assert isinstance(combo, dict)
@@ -238,7 +246,17 @@ def _describe(spec: ComboSpec) -> str:
         lines.append(f"  display name: {spec.display_name}")
     if spec.default_effort:
         lines.append(f"  default effort: {spec.default_effort} ({spec.default_effort_mode})")
+    lines.append(f"  after commit: {_after_commit(spec)}")
     for i, t in enumerate(spec.targets, 1):
         flags = " last-resort" if t.last_resort else ""
         lines.append(f"  {i}. {t.key} weight {t.weight}{flags}")
     return "\n".join(lines)
+
+
+def _after_commit(spec: ComboSpec) -> str:
+    """What a stream that breaks after its first output gets (`routing.rescue`)."""
+    if spec.after_commit == "continue":
+        return f"continue (up to {spec.max_continuations} continuation(s) on prefill targets)"
+    if spec.after_commit == "buffer":
+        return f"buffer (answers up to {spec.buffer_max_bytes} bytes held until complete)"
+    return "error (an explicit error ends the stream)"
