@@ -106,7 +106,9 @@ def whole_answer(client: str, r: httpx.Response) -> str:
     assert kinds.count("response.completed") == 1 and kinds[-1] == "response.completed", kinds
     assert "response.failed" not in kinds and "error" not in kinds, kinds
     assert kinds.count("response.created") == 1, kinds
-    seqs = [d["sequence_number"] for _, d in events if isinstance(d, dict) and "sequence_number" in d]
+    seqs = [
+        d["sequence_number"] for _, d in events if isinstance(d, dict) and "sequence_number" in d
+    ]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), seqs
     text = "".join(d["delta"] for e, d in events if e == "response.output_text.delta")
     final = events[-1][1]["response"]
@@ -255,9 +257,7 @@ def test_no_continuation_after_a_tool_call_started(
 
 
 def test_a_target_without_prefill_is_not_asked(server: Server, mock: Mock) -> None:
-    model, key, (a, b) = setup(
-        server, mock, "chat", prefill=(True, False), afterCommit="continue"
-    )
+    model, key, (a, b) = setup(server, mock, "chat", prefill=(True, False), afterCommit="continue")
     script(mock, a, cut_after_events=BEFORE_THIRD["chat"])
 
     r = ask(server, "chat", model, key)
