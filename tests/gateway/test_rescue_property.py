@@ -7,7 +7,6 @@ upstream attempts that write client frames as `providers.upstream` does."""
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
