@@ -118,7 +118,7 @@ def attempts_table(row: RequestLog) -> SafeString:
                 n,
                 a.get("target") or "—",
                 a.get("status") if a.get("status") is not None else "—",
-                a.get("outcome") or "—",
+                _outcome(a),
                 a.get("reason") or "—",
                 _cooled(a.get("cooledUntil"), row),
                 _ms(a.get("ms")),
@@ -132,6 +132,18 @@ def attempts_table(row: RequestLog) -> SafeString:
         "</tr></thead><tbody>{}</tbody></table>",
         body,
     )
+
+
+def _outcome(attempt: dict[str, object]) -> str:
+    """The attempt's outcome, with the role the after-commit rescue gave it (docs/routing.md,
+    "When a stream breaks after it started"): `hop (restart)`, `failed_after_commit
+    (not_continued: tool call started)`."""
+    outcome = str(attempt.get("outcome") or "—")
+    role = attempt.get("role")
+    if not role or str(role) in outcome:
+        return outcome
+    detail = attempt.get("roleDetail")
+    return f"{outcome} ({role}{': ' + str(detail) if detail else ''})"
 
 
 def _cooled(until: object, row: RequestLog) -> SafeString | str:

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Mock, Server, sse_events
+from tests.conftest import Mock, Server, sse_events, start_server
 
 TEXT = "The quick brown fox jumps over the lazy dog and runs far away"
 OTHER = "Another answer entirely that the first target would have given"
@@ -337,3 +337,31 @@ def test_default_policy_is_todays_explicit_error(server: Server, mock: Mock) -> 
     assert error_of("responses", r)["code"] == "upstream_stream_truncated"
     assert mock.hits(b) == 0
     assert [t["outcome"] for t in logged(server, r)["attempts"]] == ["failed_after_commit"]
+
+
+def test_buffer_keeps_the_connection_open_and_fails_in_band(
+    tmp_path_factory: pytest.TempPathFactory, mock: Mock
+) -> None:
+    """With the keep-alive already sent (its status line too), a request whose every target
+    broke ends with an in-band error naming the last failure, never a clean end."""
+    server, stop = start_server(
+        tmp_path_factory.mktemp("ocx"), extra_env={"OCX_BUFFER_KEEPALIVE_MS": "50"}
+    )
+    try:
+        model, key, (a, b) = setup(server, mock, "chat", afterCommit="buffer")
+        slow_cut = {"text": TEXT, "deltas": DELTAS, "delta_ms": 60, "cut_after_events": 5}
+        mock.script(a, [slow_cut])
+        mock.script(b, [slow_cut])
+
+        r = ask(server, "responses", model, key)
+
+        assert r.status_code == 200
+        assert r.text.startswith(": ocx buffering the answer\n\n")
+        assert "output_text.delta" not in r.text  # nothing of either broken answer
+        error = error_of("responses", r)
+        assert error["code"] == "upstream_stream_truncated"
+        assert mock.hits(a) == 1 and mock.hits(b) == 1
+        roles = [t.get("role") for t in logged(server, r)["attempts"]]
+        assert roles == ["restart", "restart"]
+    finally:
+        stop()

@@ -194,3 +194,28 @@ def test_bookmarks_of_the_pages_before_the_move_still_lead_there(staff: Client) 
     key = staff.get("/admin/ocxsite/clientkey/7/change/")
     assert (key.status_code, key["Location"]) == (301, "/admin/accounts/clientkey/7/change/")
     assert staff.get("/admin/ocxsite/somethingelse/").status_code == 404
+
+
+def test_the_route_table_names_the_rescue_roles() -> None:
+    from usage.requestlog_admin import attempts_table
+
+    row = RequestLog(
+        request_id="r",
+        attempts=[
+            {"target": "a/m", "status": 502, "outcome": "hop", "role": "restart"},
+            {"target": "b/m", "status": 200, "outcome": "continued"},
+            {"target": "c/m", "status": 200, "outcome": "continuation", "role": "continuation"},
+            {
+                "target": "d/m",
+                "status": 200,
+                "outcome": "failed_after_commit",
+                "role": "not_continued",
+                "roleDetail": "tool call started",
+            },
+        ],
+    )
+    html = str(attempts_table(row))
+    assert "<td>hop (restart)</td>" in html
+    assert "<td>continued</td>" in html
+    assert "<td>continuation</td>" in html
+    assert "<td>failed_after_commit (not_continued: tool call started)</td>" in html
