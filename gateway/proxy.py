@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
 from typing import Any, Literal
 
 from django.conf import settings
@@ -75,6 +76,8 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 # A bare `provider/model` request has no combo, hence no routing state.
 _NO_STATE = ComboState()
+# No after-commit rescue notes (the default policy): one shared empty map, no allocation.
+_NO_ROLES: Mapping[int, Role] = MappingProxyType({})
 # The quota gate's verdict per credential, as the target state reads it.
 _QUOTA: Mapping[str, Quota] = {
     "eligible": "available",
@@ -156,7 +159,7 @@ class Exchange:
         self.target_label: str | None = None
         self.served_quota: tuple[tuple[str, str], Mapping[str, str]] | None = None
         # The after-commit rescue's notes on attempts of the route trace, by attempt index.
-        self.roles: dict[int, Role] = {}
+        self.roles: Mapping[int, Role] = _NO_ROLES
 
     def base_headers(self) -> list[tuple[bytes, bytes]]:
         headers = [(b"x-ocx-request-id", self.request_id.encode())]

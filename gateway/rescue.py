@@ -528,8 +528,7 @@ class Rescue:
             started = time.monotonic()
             again = await self._dispatch(nxt, False, body=body, responder=splicer)
             ms = int((time.monotonic() - started) * 1000)
-            if not (again.committed and len(self.combo.targets) == 1):
-                self.attempted.append(nxt.key)
+            self.attempted.append(nxt.key)
             if again.committed:
                 usage = add_usage(usage, again.usage)
             if again.committed and again.failure is None:

@@ -165,3 +165,22 @@ def test_continuation_body_appends_the_prefill(inbound: str) -> None:
             "content": [{"type": "output_text", "text": "ab"}],
         },
     ]
+
+
+def test_a_config_file_is_validated_the_same_way() -> None:
+    config = {
+        "providers": {
+            "p": {
+                "adapter": "anthropic",
+                "baseUrl": "https://x.example/v1",
+                "models": {"m": {"prefill": 1}},
+            }
+        },
+        "combos": {"c": {"targets": [{"provider": "p", "model": "m"}], "afterCommit": "sometimes"}},
+    }
+    found = {(".".join(map(str, i.path)), i.message) for i in validate.validate_config(config)}
+    assert any(
+        path.endswith("afterCommit") and message == validate.MSG_AFTER_COMMIT
+        for path, message in found
+    ), found
+    assert any(message == validate.msg_model_prefill("m") for _, message in found), found
