@@ -19,7 +19,11 @@ DELTAS = 6
 ADAPTERS = {"chat": "openai-chat", "responses": "openai-responses", "anthropic": "anthropic"}
 # Events before the third text delta, per upstream protocol: a cut there leaves two deltas.
 BEFORE_THIRD = {"responses": 6, "chat": 3, "anthropic": 4}
-KEYS = {"p1": "sk-rescue-first-aaaaaaaaaaaaaaaaa", "p2": "sk-rescue-second-bbbbbbbbbbbbbbb"}
+KEYS = {
+    "p1": "sk-rescue-first-aaaaaaaaaaaaaaaaa",
+    "p2": "sk-rescue-second-bbbbbbbbbbbbbbb",
+    "p3": "sk-rescue-third-ccccccccccccccccc",
+}
 TOOLS_RESPONSES = [
     {
         "type": "function",
@@ -365,3 +369,37 @@ def test_buffer_keeps_the_connection_open_and_fails_in_band(
         assert roles == ["restart", "restart"]
     finally:
         stop()
+
+
+@pytest.mark.parametrize("bound", [1, 2])
+def test_a_continuation_that_breaks_again_within_the_bound(
+    server: Server, mock: Mock, bound: int
+) -> None:
+    model, key, (a, b, c) = setup(
+        server,
+        mock,
+        "anthropic",
+        models=("a", "b", "c"),
+        prefill=(True, True, True),
+        afterCommit="continue",
+        maxContinuations=bound,
+    )
+    script(mock, a, cut_after_events=BEFORE_THIRD["anthropic"])
+    # The first continuation sends two more deltas, then its connection is cut too.
+    mock.script(b, [{"text": TEXT, "deltas": 6, "cut_after_events": 4}])
+    mock.script(c, [], {"text": TEXT})
+
+    r = ask(server, "responses", model, key)
+
+    outcomes = [t["outcome"] for t in logged(server, r)["attempts"]]
+    if bound == 1:
+        error = error_of("responses", r)
+        assert error["code"] == "upstream_stream_truncated"
+        assert mock.hits(c) == 0
+        assert outcomes == ["failed_after_commit", "continuation_failed"]
+    else:
+        assert whole_answer("responses", r) == TEXT
+        assert mock.hits(c) == 1
+        assert outcomes == ["continued", "continuation_failed", "continuation"]
+        said = mock.log(c)[0]["body"]["messages"][-1]["content"][0]["text"]
+        assert len(said) > len(mock.log(b)[0]["body"]["messages"][-1]["content"][0]["text"])
