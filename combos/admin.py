@@ -48,6 +48,15 @@ COMBO_HELP = {
     "adaptive = they are removed. Default strict; target order is not affected.",
     "image_input": "auto = images pass to targets (the catalog lists image only if every "
     "target takes it); disabled = image requests get 400 before any target is called.",
+    "after_commit": "When a stream breaks after its first output (cut, or silent past the "
+    "target's idle timeout): error = end it with an explicit error (default; the client "
+    "resends); continue = ask a prefill-capable target to continue the text so far in the "
+    "same stream (text-only answers; never after a tool call); buffer = send nothing until "
+    "the answer is complete, and restart on the next target when it breaks (costs "
+    "first-token latency).",
+    "max_continuations": "continue mode: continuations one request may make (1-3). Default 1.",
+    "buffer_max_bytes": "buffer mode: the largest answer held back (1024-67108864 bytes); a "
+    "larger one ends with an explicit error. Default 4194304 (4 MiB).",
     "alias": "Another model name clients may use instead of combo/ID. Empty = combo/ID only.",
     "native_alias": "Let the alias take over a bare OpenAI model name such as gpt-5.5 "
     "(needs a display name). Off = the alias must not look like an OpenAI model.",
@@ -80,6 +89,9 @@ COMBO_FIELD = {
     "defaultEffortMode": "default_effort_mode",
     "reasoningEffortMode": "reasoning_effort_mode",
     "imageInput": "image_input",
+    "afterCommit": "after_commit",
+    "maxContinuations": "max_continuations",
+    "bufferMaxBytes": "buffer_max_bytes",
     "alias": "alias",
     "nativeAlias": "native_alias",
     "displayName": "display_name",
@@ -129,6 +141,11 @@ class ComboForm(forms.ModelForm):  # type: ignore[type-arg]
         widget=forms.NumberInput(attrs={"min": 1, "max": 100}),
         help_text=COMBO_HELP["sticky_limit"],
     )
+    max_continuations = forms.IntegerField(
+        initial=1,
+        widget=forms.NumberInput(attrs={"min": 1, "max": 3}),
+        help_text=COMBO_HELP["max_continuations"],
+    )
 
     class Meta:
         model = Combo
@@ -143,6 +160,9 @@ class ComboForm(forms.ModelForm):  # type: ignore[type-arg]
             "default_effort_mode",
             "reasoning_effort_mode",
             "image_input",
+            "after_commit",
+            "max_continuations",
+            "buffer_max_bytes",
             "alias",
             "native_alias",
             "display_name",
@@ -360,6 +380,10 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                     "image_input",
                 ),
             },
+        ),
+        (
+            "When a stream breaks after it started",
+            {"fields": ("after_commit", "max_continuations", "buffer_max_bytes")},
         ),
         ("Manual override", {"fields": ("override_target",)}),
         ("Live status", {"fields": ("live",)}),

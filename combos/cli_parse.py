@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from routing.types import EFFORTS, STRATEGIES
+from routing.types import AFTER_COMMIT_MODES, EFFORTS, STRATEGIES
 
 CLEAR = "-"
 MSG_ID_REQUIRED = "combo id is required"
@@ -23,6 +23,9 @@ MSG_EFFORT = "--effort must be one of: " + ", ".join(EFFORTS) + ", or -"
 MSG_REMOVE_YES = "remove requires --yes"
 MSG_MODE = "mode must be auto or pin <provider/model>"
 MSG_RETRY = "--retry-same-target must be ATTEMPTS/MAX_WAIT_MS (e.g. 2/2000) or - (off)"
+MSG_AFTER_COMMIT = "--after-commit must be one of: " + ", ".join(AFTER_COMMIT_MODES)
+MSG_MAX_CONTINUATIONS = "--max-continuations must be an integer from 1 to 3"
+MSG_BUFFER_MAX_BYTES = "--buffer-max-bytes must be an integer (bytes)"
 
 _INT_RE = re.compile(r"-?[0-9]+")
 _RETRY_RE = re.compile(r"([0-9]{1,9})/([0-9]{1,9})")
@@ -146,6 +149,29 @@ def parse_retry_same_target(value: str) -> dict[str, int] | None:
     return {"attempts": int(match[1]), "maxWaitMs": int(match[2])}
 
 
+def parse_after_commit(value: str) -> str:
+    """`--after-commit`: error, continue or buffer."""
+    if value not in AFTER_COMMIT_MODES:
+        raise CliUsageError(MSG_AFTER_COMMIT)
+    return value
+
+
+def parse_max_continuations(value: str) -> int:
+    """`--max-continuations`: an integer from 1 to 3."""
+    text = value.strip()
+    if not _INT_RE.fullmatch(text) or not 1 <= int(text) <= 3:
+        raise CliUsageError(MSG_MAX_CONTINUATIONS)
+    return int(text)
+
+
+def parse_buffer_max_bytes(value: str) -> int:
+    """`--buffer-max-bytes`: an integer; its range is the server's rule (`routing.validate`)."""
+    text = value.strip()
+    if not _INT_RE.fullmatch(text):
+        raise CliUsageError(MSG_BUFFER_MAX_BYTES)
+    return int(text)
+
+
 def require_yes(yes: bool) -> None:
     """`remove` refuses to run without `--yes`."""
     if not yes:
@@ -177,6 +203,9 @@ def build_set_request(
     rename_from: str | None = None,
     current: Mapping[str, object] | None = None,
     retry_same_target: str | None = None,
+    after_commit: str | None = None,
+    max_continuations: str | None = None,
+    buffer_max_bytes: str | None = None,
 ) -> dict[str, object]:
     """The `PUT /api/combos` body `{id, combo, renameFrom?}` of `ocx combo set` (§8.4).
 
@@ -207,6 +236,13 @@ def build_set_request(
         combo["retrySameTarget"] = parse_retry_same_target(retry_same_target)
     if current is not None and current.get("imageInput") == "disabled":
         combo["imageInput"] = "disabled"
+    # Omitted, these keep the stored value (the server's preserve-on-omit merge).
+    if after_commit is not None:
+        combo["afterCommit"] = parse_after_commit(after_commit)
+    if max_continuations is not None:
+        combo["maxContinuations"] = parse_max_continuations(max_continuations)
+    if buffer_max_bytes is not None:
+        combo["bufferMaxBytes"] = parse_buffer_max_bytes(buffer_max_bytes)
     body: dict[str, object] = {"id": combo_id.strip(), "combo": combo}
     if rename_from is not None:
         body["renameFrom"] = rename_from

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.db import models
 
 from providers.models import Provider
-from routing.types import EFFORTS, STRATEGIES
+from routing.types import AFTER_COMMIT_MODES, DEFAULT_BUFFER_MAX_BYTES, EFFORTS, STRATEGIES
 
 
 class Combo(models.Model):
@@ -29,6 +29,14 @@ class Combo(models.Model):
     image_input = models.CharField(
         max_length=8, default="auto", choices=[("auto", "auto"), ("disabled", "disabled")]
     )
+    # After-commit rescue of a broken stream (routing.rescue): error (default), continue, buffer.
+    after_commit = models.CharField(
+        max_length=8,
+        default="error",
+        choices=[(m, m) for m in AFTER_COMMIT_MODES],
+    )
+    max_continuations = models.PositiveSmallIntegerField(default=1)
+    buffer_max_bytes = models.PositiveIntegerField(default=DEFAULT_BUFFER_MAX_BYTES)
     alias = models.CharField(max_length=129, null=True, blank=True)
     native_alias = models.BooleanField(default=False)
     display_name = models.CharField(max_length=128, null=True, blank=True)

@@ -40,6 +40,9 @@ def combo_raw(combo: Combo, targets: list[dict[str, object]] | None = None) -> d
         "defaultEffortMode": combo.default_effort_mode,
         "reasoningEffortMode": combo.reasoning_effort_mode,
         "imageInput": combo.image_input,
+        "afterCommit": combo.after_commit,
+        "maxContinuations": combo.max_continuations,
+        "bufferMaxBytes": combo.buffer_max_bytes,
         "nativeAlias": combo.native_alias,
     }
     if combo.cooldown_ms is not None:
@@ -108,6 +111,7 @@ def provider_spec(provider: Provider) -> ProviderSpec:
             display_name=m.display_name or None,
             parallel_tool_calls=m.parallel_tool_calls,
             price=validate.normalize_price(m.price),
+            prefill=m.prefill,
         )
         for m in provider.models.all()
     }

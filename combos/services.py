@@ -43,6 +43,9 @@ def _write_combo(spec: ComboSpec, existing: Combo | None) -> Combo:
     combo.default_effort_mode = spec.default_effort_mode
     combo.reasoning_effort_mode = spec.reasoning_effort_mode
     combo.image_input = spec.image_input
+    combo.after_commit = spec.after_commit
+    combo.max_continuations = spec.max_continuations
+    combo.buffer_max_bytes = spec.buffer_max_bytes
     combo.alias = spec.alias
     combo.native_alias = spec.native_alias
     combo.display_name = spec.display_name

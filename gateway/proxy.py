@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
 from typing import Any, Literal
 
 from django.conf import settings
@@ -32,10 +33,11 @@ from combos.shaping import (
     image_rejection,
 )
 from combos.status import label as status_label
+from gateway.rescue import BufferOverflow, Rescue, Role
 from gateway.runtime import Runtime, get_runtime
 from providers.masking import Masker, bearer_value
-from providers.upstream import Caller, attempt
-from providers.wire.commit import terminal_error_frame, truncation_failure
+from providers.upstream import Caller, Responder, attempt
+from providers.wire.commit import StreamFailure, terminal_error_frame, truncation_failure
 from quota.tracker import Gate
 from quota.windows import (
     credential_fingerprint,
@@ -43,7 +45,7 @@ from quota.windows import (
     windows_from_error,
     windows_from_headers,
 )
-from routing.attempts import Outcome, RouteResult, route
+from routing.attempts import AttemptRecord, Outcome, RouteResult, route
 from routing.catalog import models_list
 from routing.classify import Failure, classifier_code, classify, redact
 from routing.eligibility import (
@@ -74,6 +76,8 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 # A bare `provider/model` request has no combo, hence no routing state.
 _NO_STATE = ComboState()
+# No after-commit rescue notes (the default policy): one shared empty map, no allocation.
+_NO_ROLES: Mapping[int, Role] = MappingProxyType({})
 # The quota gate's verdict per credential, as the target state reads it.
 _QUOTA: Mapping[str, Quota] = {
     "eligible": "available",
@@ -112,6 +116,14 @@ class HTTPFailure(Exception):
         self.code = code
         self.body = error_payload(status, type_, code, message)
         self.headers = headers or []
+        self.type = type_
+        self.message = message
+
+    def stream_failure(self) -> StreamFailure:
+        """This error as the in-band terminal of a stream whose status line already went out."""
+        return StreamFailure(
+            status=self.status, type=self.type, code=self.code or self.type, message=self.message
+        )
 
 
 class ClientGone(Exception):
@@ -146,6 +158,8 @@ class Exchange:
         # The `target` metric label when the request named an undeclared model (bounded labels).
         self.target_label: str | None = None
         self.served_quota: tuple[tuple[str, str], Mapping[str, str]] | None = None
+        # The after-commit rescue's notes on attempts of the route trace, by attempt index.
+        self.roles: Mapping[int, Role] = _NO_ROLES
 
     def base_headers(self) -> list[tuple[bytes, bytes]]:
         headers = [(b"x-ocx-request-id", self.request_id.encode())]
@@ -246,6 +260,11 @@ class ProxyApp:
                 outcome = exc.code or "error"
                 if not exchange.started:
                     await exchange.respond(exc.status, exc.body, exc.headers)
+                elif exchange.streaming and not exchange.upstream_done:
+                    # A buffered stream's keep-alive already sent the status line.
+                    await exchange.write(
+                        terminal_error_frame(exchange.protocol, exc.stream_failure())
+                    )
             except ClientGone:
                 exchange.status = 499
                 outcome = "client_cancelled"
@@ -606,12 +625,18 @@ class ProxyApp:
                 return "caller credential refused"
             return encrypted_only(target) if encrypted_only is not None else None
 
-        async def dispatch(target: TargetSpec, _last: bool) -> Outcome:
+        async def dispatch(
+            target: TargetSpec,
+            _last: bool,
+            *,
+            body: dict[str, Any] | None = None,
+            responder: Responder | None = None,
+        ) -> Outcome:
             exchange.attempts += 1
             provider = snapshot.providers[target.provider]
             credential = None if provider.adapter == "chatgpt" else credential_for(provider)
             child = child_body(
-                request,
+                request if body is None else body,
                 combo=combo,
                 provider=provider,
                 model=target.model,
@@ -635,7 +660,7 @@ class ProxyApp:
                     body=child,
                     stream=stream,
                     caller=caller,
-                    responder=exchange,
+                    responder=exchange if responder is None else responder,
                     observe=observe,
                 )
             finally:
@@ -711,12 +736,17 @@ class ProxyApp:
                 _record_target(exchange.entry, target, await dispatch(target, True))
                 return None
             result = RouteResult()
+            rescue = (
+                None
+                if not stream or combo.after_commit == "error"
+                else _rescue(runtime, snapshot, combo, inbound, request, exchange, dispatch, access)
+            )
             try:
                 await route(
                     combo,
                     snapshot.providers,
                     runtime.store,
-                    dispatch=dispatch,
+                    dispatch=dispatch if rescue is None else rescue.dispatch,
                     now=_now_ms,
                     sleep=_sleep_ms,
                     rng=runtime.rng,
@@ -731,6 +761,24 @@ class ProxyApp:
                 # Client abort: the request log still gets the attempt it made (status 499).
                 _record_route(exchange.entry, result)
                 raise
+            except BufferOverflow as exc:
+                # Not the target's fault and no reason to hop: every target's answer is as long.
+                assert rescue is not None
+                exchange.roles = rescue.roles
+                key = rescue.attempted[-1]
+                result.attempts.append(
+                    AttemptRecord(key, 200, "stop", "buffer_limit_exceeded", None, 0)
+                )
+                _record_route(exchange.entry, result, exchange.roles)
+                raise HTTPFailure(
+                    502, "upstream_error", "buffer_limit_exceeded", f"{exc} from {key}"
+                ) from None
+            finally:
+                if rescue is not None:
+                    await rescue.close()
+            if rescue is not None:
+                rescue.apply(result)
+                exchange.roles = rescue.roles
         finally:
             for pair in gate.probes - used:
                 await runtime.tracker.release(pair, now=_now_ms())
@@ -752,7 +800,7 @@ class ProxyApp:
         events, the session's recall of the served model; then the error when none served.
         (The budget charge and the log line follow in `__call__`.)"""
         runtime = self.runtime
-        _record_route(exchange.entry, result)
+        _record_route(exchange.entry, result, exchange.roles)
         for record in result.attempts:
             if record.outcome == "retry":
                 metrics.SAME_TARGET_RETRIES.labels(combo.id, record.reason).inc()
@@ -929,7 +977,9 @@ def _record_target(entry: RequestEntry, target: TargetSpec, outcome: Outcome) ->
         _raise_upstream(outcome.failure, target.key)
 
 
-def _record_route(entry: RequestEntry, result: RouteResult) -> None:
+def _record_route(
+    entry: RequestEntry, result: RouteResult, roles: Mapping[int, Role] | None = None
+) -> None:
     entry.attempts = [
         {
             "target": r.target,
@@ -940,13 +990,63 @@ def _record_route(entry: RequestEntry, result: RouteResult) -> None:
             "ms": r.ms,
             **({"malformedFrames": r.malformed} if r.malformed else {}),
             **({"waitMs": r.wait_ms} if r.wait_ms is not None else {}),
+            **_role(r, i, roles),
         }
-        for r in result.attempts
+        for i, r in enumerate(result.attempts)
     ]
     entry.skipped = [[k, why] for k, why in result.skipped]
     if result.served is not None:
         entry.target = result.served.key
         _note_usage(entry, result.usage)
+
+
+_CONTINUATION_OUTCOMES = frozenset({"continuation", "continuation_refused", "continuation_failed"})
+
+
+def _role(record: AttemptRecord, index: int, roles: Mapping[int, Role] | None) -> dict[str, str]:
+    """The after-commit rescue's role of one attempt in the request log (`gateway.rescue`)."""
+    if record.outcome in _CONTINUATION_OUTCOMES:
+        return {"role": "continuation"}
+    role = None if roles is None else roles.get(index + 1)
+    if role is None:
+        return {}
+    return {"role": role.role, **({"roleDetail": role.detail} if role.detail else {})}
+
+
+def _rescue(
+    runtime: Runtime,
+    snapshot: ConfigSnapshot,
+    combo: ComboSpec,
+    inbound: Literal["responses", "chat"],
+    request: Mapping[str, Any],
+    exchange: Exchange,
+    dispatch: Callable[..., Awaitable[Outcome]],
+    access: Callable[[TargetSpec], Access],
+) -> Rescue:
+    """The after-commit policy of a streaming request on `combo` (`afterCommit` not "error")."""
+
+    async def eligible(target: TargetSpec) -> bool:
+        # The state as stored now: the broken target's cooldown is already in it.
+        state = await runtime.store.get(combo.id)
+        return target_state(
+            target,
+            providers=snapshot.providers,
+            state=state,
+            now=_now_ms(),
+            override=combo.override,
+            access=access(target),
+        ).eligible
+
+    return Rescue(
+        combo=combo,
+        providers=snapshot.providers,
+        inbound=inbound,
+        request=request,
+        exchange=exchange,
+        dispatch=dispatch,
+        eligible=eligible,
+        keepalive_s=settings.OCX_BUFFER_KEEPALIVE_MS / 1000,
+    )
 
 
 def _missing_for_client(target_key: str, why: str) -> str:

@@ -152,6 +152,9 @@ if OCX_ADMIN_TOKEN is not None and len(OCX_ADMIN_TOKEN) < 16:
     raise ImproperlyConfigured("OCX_ADMIN_TOKEN must be at least 16 characters")
 # How often a worker checks the config version (PRODUCT §4.2: changes served within 1 s).
 OCX_CONFIG_POLL_MS = env_int("OCX_CONFIG_POLL_MS", 500, minimum=50)
+# A buffered stream (a combo with afterCommit "buffer") sends an SSE comment this often while it
+# holds the answer back, so clients and proxies keep the connection open.
+OCX_BUFFER_KEEPALIVE_MS = env_int("OCX_BUFFER_KEEPALIVE_MS", 10000, minimum=10)
 OCX_PROXY_MAX_BODY = env_int("OCX_PROXY_MAX_BODY", 32 * 1024 * 1024, minimum=1024)
 OCX_API_MAX_BODY = env_int("OCX_API_MAX_BODY", 1024 * 1024, minimum=1024)
 # Every other path (the admin's forms, …); /healthz, /readyz, /metrics take 1 KiB (body_limits).

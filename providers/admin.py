@@ -144,6 +144,7 @@ class ProviderModelFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
                 ("context_window", "contextWindow"),
                 ("max_input_tokens", "maxInputTokens"),
                 ("parallel_tool_calls", "parallelToolCalls"),
+                ("prefill", "prefill"),
             ):
                 if data.get(field) is not None:
                     entry[key] = data[field]
@@ -215,7 +216,13 @@ class ProviderModelForm(forms.ModelForm):  # type: ignore[type-arg]
             "input_modalities",
             "reasoning_efforts",
             "parallel_tool_calls",
+            "prefill",
         ]
+        help_texts = {
+            "prefill": "Yes = the model continues a final assistant message (the provider "
+            "documents prefill, e.g. Anthropic Messages); only such models are asked to "
+            "continue a broken stream (combo after commit: continue). Unknown = not asked.",
+        }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -70,6 +70,8 @@ BEHAVIOUR_KEYS = frozenset(
         "usage",
         "text",
         "tool_call",
+        "stall_close",
+        "refuse_prefill",
     }
 )
 _INT_KEYS = (
@@ -110,7 +112,14 @@ def validate_behaviour(behaviour: object) -> JSON:
             raise BehaviourError(f"{key} must be an object")
     if "usage_limit" in behaviour and not isinstance(behaviour["usage_limit"], dict | bool):
         raise BehaviourError("usage_limit must be true or an object")
-    for key in ("split_events", "omit_done", "omit_terminal", "done_sentinel"):
+    for key in (
+        "split_events",
+        "omit_done",
+        "omit_terminal",
+        "done_sentinel",
+        "stall_close",
+        "refuse_prefill",
+    ):
         if key in behaviour and not isinstance(behaviour[key], bool):
             raise BehaviourError(f"{key} must be true or false")
     if "lead_text" in behaviour and not isinstance(behaviour["lead_text"], str):
@@ -364,6 +373,29 @@ def _last_turn(protocol: str, body: JSON) -> tuple[str, str]:
     return "other", ""
 
 
+def _joined_text(content: object) -> str | None:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and isinstance(p.get("text"), str) for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    return None
+
+
+def prefill_of(protocol: str, body: JSON) -> str | None:
+    """The text of a final assistant message (an assistant prefill the reply continues), or
+    None when the last input is not one."""
+    key = "input" if protocol == "responses" else "messages"
+    items = body.get(key)
+    if not isinstance(items, list) or not items or not isinstance(items[-1], dict):
+        return None
+    last = items[-1]
+    if last.get("role") != "assistant" or last.get("type", "message") != "message":
+        return None
+    return _joined_text(last.get("content"))
+
+
 def _function_tools(protocol: str, body: JSON) -> list[tuple[str, JSON]]:
     tools = body.get("tools")
     out: list[tuple[str, JSON]] = []
@@ -410,8 +442,15 @@ def build_reply(protocol: str, body: JSON, behaviour: JSON, request_bytes: int) 
         tool_name, schema = tools[0]
         tool_args = _dumps(_default_args(schema))
     text: str | None = None
+    prefill = prefill_of(protocol, body)
     if tool_name is not None:
         pieces = tuple(_split_even(tool_args, n))
+    elif prefill is not None:
+        # A continuation: the rest of the canonical text after the prefill (all of it when the
+        # prefill is not its start), in up to N pieces with no filler.
+        whole = str(behaviour["text"]) if "text" in behaviour else f"mock reply from {model}"
+        text = whole[len(prefill) :] if whole.startswith(prefill) else whole
+        pieces = tuple(_split_even(text, n))
     else:
         if "text" in behaviour:
             text = str(behaviour["text"])
@@ -932,6 +971,18 @@ def error_body(protocol: str, status: int, message: str | None = None) -> JSON:
     }
 
 
+def prefill_refusal(protocol: str, prefill: str) -> JSON:
+    """The 400 for a final assistant message the model does not take: the protocol's error
+    shape with code `invalid_prefill` (Anthropic's body has the code beside its `type`)."""
+    if prefill != prefill.rstrip():
+        message = "final assistant content cannot end with trailing whitespace"
+    else:
+        message = "This model does not support assistant message prefill"
+    body = error_body(protocol, 400, message)
+    body["error"]["code"] = "invalid_prefill"
+    return body
+
+
 def rate_limit_headers(spec: JSON, now: float) -> list[tuple[str, str]]:
     """``x-codex-{primary,secondary}-*`` headers from ``{"primary": {...}, ...}`` windows."""
     out: list[tuple[str, str]] = []
@@ -1166,6 +1217,14 @@ class _Handler:
                 payload = payload.encode()
             writer.write(_json_response(status, payload, ka, extra))
             return True
+        prefill = prefill_of(protocol, body)
+        if prefill is not None and (
+            behaviour.get("refuse_prefill")
+            or (protocol == "messages" and prefill != prefill.rstrip())
+        ):
+            # A model that takes no assistant prefill (or Anthropic's trailing-whitespace rule).
+            writer.write(_json_response(400, prefill_refusal(protocol, prefill), ka, extra))
+            return True
         if protocol == "messages" and "max_tokens" not in body:
             writer.write(
                 _json_response(400, error_body(protocol, 400, "max_tokens: Field required"), ka)
@@ -1245,12 +1304,17 @@ class _Handler:
         if "cut_after_events" in behaviour:
             raise _Close
         await self._stall(behaviour, reader)
+        if behaviour.get("stall_close"):
+            raise _Close
         writer.write(data[half:])
         return True
 
     async def _stall(self, behaviour: JSON, reader: asyncio.StreamReader) -> None:
         if "stall_ms" in behaviour:
             await _sleep_ms(int(behaviour["stall_ms"]))
+            if behaviour.get("stall_close"):
+                # Socket open and silent for stall_ms, then closed without the rest.
+                raise _Close
         else:
             await _wait_for_eof(reader)
             raise _Close

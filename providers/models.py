@@ -46,6 +46,9 @@ class ProviderModel(models.Model):
     # USD per million tokens: {"inputPerMTok", "cachedInputPerMTok"?, "outputPerMTok"}; null =
     # the genai-prices data's price. Validated by routing.validate like the rest.
     price = models.JSONField(null=True, blank=True)
+    # The model continues a final assistant message (prefill): null = not known to. Only such
+    # models are asked to continue a broken stream (a combo's `afterCommit: "continue"`).
+    prefill = models.BooleanField(null=True, blank=True)
 
     class Meta:
         ordering = ("provider__name", "model_id")

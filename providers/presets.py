@@ -15,7 +15,9 @@ Sources (as of 2026-12-01):
   for the GPT-5 family, efforts low/medium/high are offered by every GPT-5 model.
 - Anthropic Messages API (`POST https://api.anthropic.com/v1/messages`, `x-api-key`,
   `anthropic-version: 2023-06-01`); 200000-token context for Claude Sonnet 4.5 / Opus 4.x;
-  ocx maps efforts to thinking budgets (`providers/wire/anthropic.py`).
+  ocx maps efforts to thinking budgets (`providers/wire/anthropic.py`); "Prefill Claude's
+  response" (a final assistant message is continued; no trailing whitespace), hence
+  `prefill: true`.
 - ChatGPT Codex backend (`https://chatgpt.com/backend-api/codex`, Responses API): Codex's own
   default base URL under ChatGPT login; it takes the caller's ChatGPT access token and
   `chatgpt-account-id`, so ocx stores no credential for it (caller-forward).
@@ -48,6 +50,9 @@ _CLAUDE: dict[str, Any] = {
     "contextWindow": 200000,
     "inputModalities": ["text", "image"],
     "reasoningEfforts": ["low", "medium", "high"],
+    # Anthropic documents prefilling the assistant turn (a final assistant message is
+    # continued): a broken stream may be continued there (`afterCommit: "continue"`).
+    "prefill": True,
 }
 _OPENAI_MODELS: dict[str, dict[str, Any]] = {
     "gpt-5.6-sol": {**_GPT5, "displayName": "GPT-5.6 Sol"},

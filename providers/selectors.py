@@ -47,6 +47,8 @@ def provider_raw(provider: Provider) -> dict[str, object]:
             entry["parallelToolCalls"] = m.parallel_tool_calls
         if m.price is not None:
             entry["price"] = dict(m.price)
+        if m.prefill is not None:
+            entry["prefill"] = m.prefill
         models[m.model_id] = entry
     if models:
         raw["models"] = models

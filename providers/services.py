@@ -139,6 +139,7 @@ def _write_provider(name: str, raw: Mapping[str, object], existing: Provider | N
             display_name=model.display_name or "",
             parallel_tool_calls=model.parallel_tool_calls,
             price=None if model.price is None else validate.price_to_sparse(model.price),
+            prefill=model.prefill,
         )
         row.full_clean(exclude=["provider"], validate_constraints=False)
         row.save()

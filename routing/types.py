@@ -16,6 +16,9 @@ EFFORTS: tuple[str, ...] = ("low", "medium", "high", "xhigh", "max", "ultra")
 STRATEGIES: tuple[str, ...] = ("failover", "round-robin", "random", "least-used", "reset-window")
 ADAPTERS: tuple[str, ...] = ("openai-responses", "openai-chat", "anthropic", "chatgpt")
 COMBO_NAMESPACE = "combo"
+# What a combo does when a stream breaks after its first output (`routing.rescue`).
+AFTER_COMMIT_MODES: tuple[str, ...] = ("error", "continue", "buffer")
+DEFAULT_BUFFER_MAX_BYTES = 4 * 1024 * 1024
 
 
 def _empty_map() -> Mapping[str, object]:
@@ -52,6 +55,8 @@ class ModelSpec:
     display_name: str | None = None
     parallel_tool_calls: bool | None = None
     price: ModelPrice | None = None
+    # The model continues a final assistant message (prefill); None = not known to.
+    prefill: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,10 @@ class ComboSpec:
     alias: str | None = None
     native_alias: bool = False
     display_name: str | None = None
+    # After-commit rescue (`routing.rescue`): "error" (default), "continue" or "buffer".
+    after_commit: str = "error"
+    max_continuations: int = 1
+    buffer_max_bytes: int = DEFAULT_BUFFER_MAX_BYTES
     # None = automatic; otherwise the "provider/model" key every request is pinned to.
     override: str | None = None
     # None = off: a transient failure hops at once (today's behaviour).

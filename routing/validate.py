@@ -21,7 +21,9 @@ from urllib.parse import urlsplit
 from routing import envpolicy
 from routing.types import (
     ADAPTERS,
+    AFTER_COMMIT_MODES,
     COMBO_NAMESPACE,
+    DEFAULT_BUFFER_MAX_BYTES,
     EFFORTS,
     STRATEGIES,
     ComboSpec,
@@ -79,6 +81,13 @@ MSG_EFFORT_MODE = 'defaultEffortMode must be "fallback" or "force"'
 MSG_EFFORT_REQUIRED = "defaultEffort is required when defaultEffortMode is force"
 MSG_REASONING_MODE = 'reasoningEffortMode must be "strict" or "adaptive"'
 MSG_IMAGE_INPUT = 'imageInput must be "auto" or "disabled"'
+MSG_AFTER_COMMIT = 'afterCommit must be "error", "continue", or "buffer"'
+MSG_MAX_CONTINUATIONS = "maxContinuations must be an integer from 1 to 3"
+BUFFER_MAX_BYTES_LOW = 1024
+BUFFER_MAX_BYTES_HIGH = 64 * 1024 * 1024
+MSG_BUFFER_MAX_BYTES = (
+    f"bufferMaxBytes must be an integer from {BUFFER_MAX_BYTES_LOW} to {BUFFER_MAX_BYTES_HIGH}"
+)
 MSG_ALIAS_STRING = "alias must be a string"
 MSG_ALIAS_GRAMMAR = (
     'alias must use letters, numbers, dot, underscore, or hyphen, with at most one "/" segment'
@@ -245,6 +254,9 @@ _COMBO_FIELDS: frozenset[str] = frozenset(
         "defaultEffortMode",
         "reasoningEffortMode",
         "imageInput",
+        "afterCommit",
+        "maxContinuations",
+        "bufferMaxBytes",
         "alias",
         "nativeAlias",
         "displayName",
@@ -279,6 +291,7 @@ _MODEL_FIELDS: frozenset[str] = frozenset(
         "displayName",
         "parallelToolCalls",
         "price",
+        "prefill",
     }
 )
 # A model's `price`, USD per million tokens: (JSON key, required).
@@ -304,6 +317,9 @@ PRESERVED_COMBO_FIELDS: tuple[str, ...] = (
     "cooldownWaitPolicy",
     "override",
     "retrySameTarget",
+    "afterCommit",
+    "maxContinuations",
+    "bufferMaxBytes",
 )
 
 
@@ -479,6 +495,17 @@ def _validate_combo_body(
         MSG_REASONING_MODE,
     )
     check("imageInput", raw.get("imageInput") in ("auto", "disabled"), MSG_IMAGE_INPUT)
+    check("afterCommit", raw.get("afterCommit") in AFTER_COMMIT_MODES, MSG_AFTER_COMMIT)
+    check(
+        "maxContinuations",
+        _int_in(raw.get("maxContinuations"), 1, 3) is not None,
+        MSG_MAX_CONTINUATIONS,
+    )
+    check(
+        "bufferMaxBytes",
+        _int_in(raw.get("bufferMaxBytes"), BUFFER_MAX_BYTES_LOW, BUFFER_MAX_BYTES_HIGH) is not None,
+        MSG_BUFFER_MAX_BYTES,
+    )
 
     native = raw.get("nativeAlias") is True
     alias: str | None = None
@@ -641,6 +668,7 @@ def normalize_combo(combo_id: str, raw: Mapping[str, object]) -> ComboSpec:
     strategy = raw.get("strategy")
     override = _override_target(raw.get("override"))
     wait = _int_in(raw.get("waitForCooldownMs"), 0, 600_000)
+    after_commit = raw.get("afterCommit")
     return ComboSpec(
         id=combo_id,
         targets=tuple(targets),
@@ -657,6 +685,16 @@ def normalize_combo(combo_id: str, raw: Mapping[str, object]) -> ComboSpec:
             "adaptive" if raw.get("reasoningEffortMode") == "adaptive" else "strict"
         ),
         image_input="disabled" if raw.get("imageInput") == "disabled" else "auto",
+        after_commit=(
+            after_commit
+            if isinstance(after_commit, str) and after_commit in AFTER_COMMIT_MODES
+            else "error"
+        ),
+        max_continuations=_int_in(raw.get("maxContinuations"), 1, 3) or 1,
+        buffer_max_bytes=_int_in(
+            raw.get("bufferMaxBytes"), BUFFER_MAX_BYTES_LOW, BUFFER_MAX_BYTES_HIGH
+        )
+        or DEFAULT_BUFFER_MAX_BYTES,
         alias=_trimmed_str(raw.get("alias")) or None,
         native_alias=raw.get("nativeAlias") is True,
         display_name=_trimmed_str(raw.get("displayName")) or None,
@@ -685,6 +723,12 @@ def _combo_out(spec: ComboSpec, *, api: bool) -> dict[str, object]:
         out["reasoningEffortMode"] = "adaptive"
     if spec.image_input == "disabled":
         out["imageInput"] = "disabled"
+    if spec.after_commit != "error":
+        out["afterCommit"] = spec.after_commit
+    if spec.max_continuations != 1:
+        out["maxContinuations"] = spec.max_continuations
+    if spec.buffer_max_bytes != DEFAULT_BUFFER_MAX_BYTES:
+        out["bufferMaxBytes"] = spec.buffer_max_bytes
     if api or spec.alias is not None:
         out["alias"] = spec.alias
     if api or spec.native_alias:
@@ -846,6 +890,10 @@ def msg_model_parallel(model_id: str) -> str:
     return f'models["{model_id}"].parallelToolCalls must be a boolean'
 
 
+def msg_model_prefill(model_id: str) -> str:
+    return f'models["{model_id}"].prefill must be a boolean'
+
+
 def msg_model_price(model_id: str) -> str:
     return (
         f'models["{model_id}"].price must be an object like {{"inputPerMTok": 1.25, '
@@ -993,6 +1041,9 @@ def _validate_model(model_id: str, raw: object) -> list[Issue]:
     parallel = raw.get("parallelToolCalls")
     if parallel is not None and not isinstance(parallel, bool):
         issues.append(Issue((*prefix, "parallelToolCalls"), msg_model_parallel(model_id)))
+    prefill = raw.get("prefill")
+    if prefill is not None and not isinstance(prefill, bool):
+        issues.append(Issue((*prefix, "prefill"), msg_model_prefill(model_id)))
     if raw.get("price") is not None:
         issues.extend(_validate_price(model_id, raw["price"], prefix))
     return issues + _unknown(raw, _MODEL_FIELDS, prefix)
@@ -1092,6 +1143,7 @@ def _normalize_model(model_id: str, raw: object) -> ModelSpec:
         display_name=_trimmed_str(display) or None,
         parallel_tool_calls=parallel if isinstance(parallel, bool) else None,
         price=normalize_price(m.get("price")),
+        prefill=m["prefill"] if isinstance(m.get("prefill"), bool) else None,
     )
 
 
@@ -1159,6 +1211,8 @@ def _model_to_sparse(model: ModelSpec) -> dict[str, object]:
         out["parallelToolCalls"] = model.parallel_tool_calls
     if model.price is not None:
         out["price"] = price_to_sparse(model.price)
+    if model.prefill is not None:
+        out["prefill"] = model.prefill
     return out
 
 

@@ -135,10 +135,18 @@ def attempts_table(row: RequestLog) -> SafeString:
 
 
 def _outcome(attempt: dict[str, object]) -> str:
-    """The attempt's outcome; a same-target retry says how long it waited first."""
+    """The attempt's outcome: a same-target retry says how long it waited first; the
+    after-commit rescue's role follows (docs/routing.md, "When a stream breaks after it
+    started"): `hop (restart)`, `failed_after_commit (not_continued: tool call started)`."""
     outcome = str(attempt.get("outcome") or "—")
     wait = attempt.get("waitMs")
-    return f"{outcome}, again after {_ms(wait)}" if isinstance(wait, int) else outcome
+    if isinstance(wait, int):
+        outcome = f"{outcome}, again after {_ms(wait)}"
+    role = attempt.get("role")
+    if not role or str(role) in outcome:
+        return outcome
+    detail = attempt.get("roleDetail")
+    return f"{outcome} ({role}{': ' + str(detail) if detail else ''})"
 
 
 def _cooled(until: object, row: RequestLog) -> SafeString | str:

@@ -46,6 +46,9 @@ def _combo_post(p1: Provider, p2: Provider, **overrides: Any) -> dict[str, Any]:
         "default_effort_mode": "fallback",
         "reasoning_effort_mode": "strict",
         "image_input": "auto",
+        "after_commit": "error",
+        "max_continuations": "1",
+        "buffer_max_bytes": "4194304",
         "targets-TOTAL_FORMS": "2",
         "targets-INITIAL_FORMS": "0",
         "targets-MIN_NUM_FORMS": "0",
@@ -273,3 +276,29 @@ def test_engine_messages_read_as_words() -> None:
     assert human_message('duplicate target "a/b" in targets[2]') == (
         'Duplicate target "a/b" in target 3'
     )
+
+
+def test_admin_saves_the_after_commit_policy(staff: Client) -> None:
+    p1, p2 = _providers()
+    data = _combo_post(p1, p2, after_commit="continue", max_continuations="2")
+    response = staff.post("/admin/combos/combo/add/", data)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    spec = selectors.combo_get("main")
+    assert spec is not None
+    assert (spec.after_commit, spec.max_continuations, spec.buffer_max_bytes) == (
+        "continue",
+        2,
+        4194304,
+    )
+    page = staff.get(f"/admin/combos/combo/{Combo.objects.get().pk}/change/").content.decode()
+    assert "When a stream breaks after it started" in page
+    assert "prefill-capable target" in page  # the help text
+
+
+def test_admin_refuses_an_out_of_range_rescue_bound(staff: Client) -> None:
+    p1, p2 = _providers()
+    data = _combo_post(p1, p2, after_commit="buffer", buffer_max_bytes="10")
+    response = staff.post("/admin/combos/combo/add/", data)
+    assert response.status_code == 200
+    assert "Buffer max bytes must be an integer from 1024 to 67108864" in response.content.decode()
+    assert not Combo.objects.exists()

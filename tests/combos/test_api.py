@@ -608,6 +608,9 @@ T = [{"provider": "a", "model": "m1"}]
             "defaultEffort is required when defaultEffortMode is force",
         ),
         ("new", {"targets": T, "imageInput": "off"}, 'imageInput must be "auto" or "disabled"'),
+        ("new", {"targets": T, "afterCommit": "retry"}, validate.MSG_AFTER_COMMIT),
+        ("new", {"targets": T, "maxContinuations": 4}, validate.MSG_MAX_CONTINUATIONS),
+        ("new", {"targets": T, "bufferMaxBytes": "4096"}, validate.MSG_BUFFER_MAX_BYTES),
         (
             "new",
             {"targets": T, "reasoningEffortMode": "loose"},

@@ -545,3 +545,56 @@ def test_set_warns_about_an_undeclared_model(run: Run) -> None:
         "combo", "set", "team", "--targets", "anthropic/claude-sonnet-4-5", "--json"
     )
     assert code == 0 and err == "" and json.loads(out)["warnings"] == []
+
+
+def test_set_and_show_the_after_commit_policy(run: Run, providers: None) -> None:
+    run.ok(
+        "combo",
+        "set",
+        "m",
+        "--targets",
+        "a/m1,b/m2",
+        "--after-commit",
+        "continue",
+        "--max-continuations",
+        "2",
+    )
+    assert stored("m")["afterCommit"] == "continue"
+    assert stored("m")["maxContinuations"] == 2
+    shown = run.ok("combo", "show", "m")
+    assert "after commit: continue (up to 2 continuation(s) on prefill targets)" in shown
+    assert json.loads(run.ok("combo", "show", "m", "--json"))["afterCommit"] == "continue"
+    # A `set` without the flags keeps them (preserve-on-omit).
+    run.ok("combo", "set", "m", "--targets", "a/m1")
+    assert stored("m")["afterCommit"] == "continue"
+    run.ok(
+        "combo",
+        "set",
+        "m",
+        "--targets",
+        "a/m1",
+        "--after-commit",
+        "buffer",
+        "--buffer-max-bytes",
+        "65536",
+    )
+    assert "after commit: buffer (answers up to 65536 bytes" in run.ok("combo", "show", "m")
+    run.ok("combo", "set", "m", "--targets", "a/m1", "--after-commit", "error")
+    assert "afterCommit" not in stored("m")
+    assert "after commit: error" in run.ok("combo", "show", "m")
+
+
+def test_after_commit_flag_errors(run: Run, providers: None) -> None:
+    run.ok("combo", "set", "m", "--targets", "a/m1")
+    assert (
+        run.fail("combo", "set", "m", "--targets", "a/m1", "--after-commit", "retry")
+        == "--after-commit must be one of: error, continue, buffer"
+    )
+    assert (
+        run.fail("combo", "set", "m", "--targets", "a/m1", "--max-continuations", "4")
+        == "--max-continuations must be an integer from 1 to 3"
+    )
+    assert (
+        run.fail("combo", "set", "m", "--targets", "a/m1", "--buffer-max-bytes", "12")
+        == "bufferMaxBytes must be an integer from 1024 to 67108864"
+    )

@@ -795,3 +795,140 @@ async def test_new_flags_are_validated(mock: Mock) -> None:
     for bad in ({"omit_terminal": 1}, {"done_sentinel": "yes"}, {"lead_text": 3}):
         r = await mock.client.post("/_mock/script", json={"model": "x", "steps": [bad]})
         assert r.status_code == 400, bad
+
+
+# ------------------------------------------------------------- rescue scenarios (issue #29)
+
+PREFILL_BODIES: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "/v1/responses",
+        {
+            "model": "m1",
+            "input": [
+                {"type": "message", "role": "user", "content": "hi"},
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": "one two"}],
+                },
+            ],
+        },
+        "responses",
+    ),
+    (
+        "/v1/chat/completions",
+        {
+            "model": "m1",
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "one two"},
+            ],
+        },
+        "chat",
+    ),
+    (
+        "/v1/messages",
+        {
+            "model": "m1",
+            "max_tokens": 50,
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [{"type": "text", "text": "one two"}]},
+            ],
+        },
+        "messages",
+    ),
+]
+WHOLE = "one two three four"
+
+
+def _answer_text(protocol: str, body: dict[str, Any]) -> str:
+    if protocol == "responses":
+        return str(body["output"][0]["content"][0]["text"])
+    if protocol == "chat":
+        return str(body["choices"][0]["message"]["content"])
+    return str(body["content"][0]["text"])
+
+
+def _streamed_text(protocol: str, raw: str) -> str:
+    out = []
+    for _, data in sse_events(raw):
+        if not data.startswith("{"):
+            continue
+        d = json.loads(data)
+        if protocol == "responses" and d.get("type") == "response.output_text.delta":
+            out.append(d["delta"])
+        elif protocol == "chat" and d.get("choices"):
+            out.append(d["choices"][0]["delta"].get("content") or "")
+        elif protocol == "messages" and d.get("type") == "content_block_delta":
+            out.append(d["delta"].get("text", ""))
+    return "".join(out)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize(("path", "body", "protocol"), PREFILL_BODIES)
+async def test_a_prefill_is_continued(
+    mock: Mock, path: str, body: dict[str, Any], protocol: str, stream: bool
+) -> None:
+    await mock.script("m1", [], {"text": WHOLE, "deltas": 3})
+    r = await mock.client.post(path, json={**body, "stream": stream})
+    assert r.status_code == 200
+    got = _streamed_text(protocol, r.text) if stream else _answer_text(protocol, r.json())
+    assert got == " three four"  # the rest of the canonical text after the prefill
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize(("path", "body", "protocol"), PREFILL_BODIES)
+async def test_refuse_prefill(
+    mock: Mock, path: str, body: dict[str, Any], protocol: str, stream: bool
+) -> None:
+    await mock.script("m1", [], {"refuse_prefill": True})
+    r = await mock.client.post(path, json={**body, "stream": stream})
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "invalid_prefill"
+    # A request without a prefill is answered as usual.
+    plain = {**body, "stream": False}
+    key = "input" if protocol == "responses" else "messages"
+    plain[key] = plain[key][:1]
+    ok = await mock.client.post(path, json=plain)
+    assert ok.status_code == 200
+
+
+async def test_anthropic_refuses_a_prefill_ending_in_whitespace(mock: Mock) -> None:
+    body = dict(PREFILL_BODIES[2][1])
+    body["messages"] = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "one two "},
+    ]
+    r = await mock.client.post("/v1/messages", json=body)
+    assert r.status_code == 400
+    assert "trailing whitespace" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(("path", "body"), PROTOCOL_BODIES)
+async def test_stall_then_close_every_protocol(mock: Mock, path: str, body: dict[str, Any]) -> None:
+    await mock.script("m1", [{"stall_after_events": 2, "stall_ms": 150, "stall_close": True}])
+    received: list[str] = []
+    t0 = time.monotonic()
+    with pytest.raises(httpx.RemoteProtocolError):
+        async with mock.client.stream("POST", path, json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    received.append(line[6:])
+    assert len(received) == 2
+    assert time.monotonic() - t0 >= 0.15
+
+
+@pytest.mark.parametrize(("path", "body"), PROTOCOL_BODIES)
+async def test_stall_then_close_non_stream(mock: Mock, path: str, body: dict[str, Any]) -> None:
+    await mock.script("m1", [{"stall_after_events": 0, "stall_ms": 100, "stall_close": True}])
+    with pytest.raises(httpx.TransportError):
+        await mock.client.post(path, json={**body, "stream": False})
+
+
+async def test_rescue_keys_are_validated(mock: Mock) -> None:
+    r = await mock.client.post(
+        "/_mock/script", json={"model": "m1", "steps": [{"refuse_prefill": "yes"}]}
+    )
+    assert r.status_code == 400
+    assert "refuse_prefill must be true or false" in r.text

@@ -231,3 +231,28 @@ def test_a_same_target_retry_shows_its_wait(staff: Client) -> None:
         "9 ms",
     ]
     assert cells[7:11] == ["2", "p1/m1", "200", "served"]
+
+
+def test_the_route_table_names_the_rescue_roles() -> None:
+    from usage.requestlog_admin import attempts_table
+
+    row = RequestLog(
+        request_id="r",
+        attempts=[
+            {"target": "a/m", "status": 502, "outcome": "hop", "role": "restart"},
+            {"target": "b/m", "status": 200, "outcome": "continued"},
+            {"target": "c/m", "status": 200, "outcome": "continuation", "role": "continuation"},
+            {
+                "target": "d/m",
+                "status": 200,
+                "outcome": "failed_after_commit",
+                "role": "not_continued",
+                "roleDetail": "tool call started",
+            },
+        ],
+    )
+    html = str(attempts_table(row))
+    assert "<td>hop (restart)</td>" in html
+    assert "<td>continued</td>" in html
+    assert "<td>continuation</td>" in html
+    assert "<td>failed_after_commit (not_continued: tool call started)</td>" in html

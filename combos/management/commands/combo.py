@@ -36,6 +36,9 @@ def _set_parser() -> _Parser:
     p.add_argument("--display-name")
     p.add_argument("--rename-from")
     p.add_argument("--retry-same-target")
+    p.add_argument("--after-commit")
+    p.add_argument("--max-continuations")
+    p.add_argument("--buffer-max-bytes")
     p.add_argument("--json", action="store_true")
     return p
 
@@ -45,7 +48,9 @@ ocx combo list [--json]
        ocx combo show ID [--json]
        ocx combo set ID --targets PROVIDER/MODEL[:WEIGHT],... [--strategy S] [--sticky N]
                         [--effort E|-] [--alias A|-] [--native-alias] [--display-name D|-]
-                        [--retry-same-target ATTEMPTS/MAX_WAIT_MS|-] [--rename-from OLD] [--json]
+                        [--retry-same-target ATTEMPTS/MAX_WAIT_MS|-] [--rename-from OLD]
+                        [--after-commit error|continue|buffer]
+                        [--max-continuations 1-3] [--buffer-max-bytes N] [--json]
        ocx combo remove ID --yes
        ocx combo mode ID auto|pin PROVIDER/MODEL
        ocx combo reset ID [--target PROVIDER/MODEL]
@@ -60,6 +65,7 @@ examples:
   ocx combo set spread --targets a/m:3,b/m:1 --strategy round-robin --sticky 5
   ocx combo set main --alias gpt-5.6-team --native-alias --display-name "Team model"
   ocx combo set main --targets a/m,b/m --retry-same-target 2/2000   # retry a 429/5xx twice
+  ocx combo set main --targets a/m,b/m --after-commit continue --max-continuations 2
   ocx combo show main --json
   ocx combo mode main pin anthropic/claude-sonnet-4-5     # ocx combo mode main auto to undo
   ocx combo remove old --yes
@@ -159,6 +165,9 @@ class Command(ExamplesCommand):
             rename_from=ns.rename_from,
             current=None if current is None else validate.combo_to_api(current),
             retry_same_target=ns.retry_same_target,
+            after_commit=ns.after_commit,
+            max_continuations=ns.max_continuations,
+            buffer_max_bytes=ns.buffer_max_bytes,
         )
         combo = body["combo"]
         assert isinstance(combo, dict)
@@ -250,7 +259,17 @@ def _describe(spec: ComboSpec) -> str:
             else "off"
         )
     )
+    lines.append(f"  after commit: {_after_commit(spec)}")
     for i, t in enumerate(spec.targets, 1):
         flags = " last-resort" if t.last_resort else ""
         lines.append(f"  {i}. {t.key} weight {t.weight}{flags}")
     return "\n".join(lines)
+
+
+def _after_commit(spec: ComboSpec) -> str:
+    """What a stream that breaks after its first output gets (`routing.rescue`)."""
+    if spec.after_commit == "continue":
+        return f"continue (up to {spec.max_continuations} continuation(s) on prefill targets)"
+    if spec.after_commit == "buffer":
+        return f"buffer (answers up to {spec.buffer_max_bytes} bytes held until complete)"
+    return "error (an explicit error ends the stream)"
