@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 import functools
 import json
 import logging
@@ -18,6 +19,7 @@ from typing import Any, Literal
 
 from django.conf import settings
 
+from accounts import expiry
 from accounts.access import CLIENT_PREFIX, KeyInfo, digest
 from combos.selectors import credential_for
 from combos.shaping import (
@@ -199,6 +201,19 @@ class Exchange:
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
         self.done = True
+
+
+def _expired(info: KeyInfo) -> str:
+    when = expiry.iso(dt.datetime.fromtimestamp(info.expires_at, dt.UTC))
+    if info.previous:
+        return (
+            f"This ocx key was rotated: its previous secret stopped working at {when}. "
+            "Use the new secret (ocx key rotate showed it once)"
+        )
+    return (
+        f"This ocx key ({info.prefix}…) expired at {when}: ask an ocx administrator for a new "
+        "key or a later expiry (ocx key set ID --expires 30d)"
+    )
 
 
 def _now_ms() -> int:
@@ -441,7 +456,7 @@ class ProxyApp:
         except Exception:  # noqa: BLE001 - the answer is complete; only the count is lost
             log.exception("could not count request %s against its budgets", exchange.request_id)
 
-    def _authenticate(self, headers: Mapping[str, str]) -> KeyInfo:
+    def _authenticate(self, headers: Mapping[str, str], now_s: float | None = None) -> KeyInfo:
         token = headers.get("x-ocx-key", "")
         if not token:
             scheme, _, value = headers.get("authorization", "").partition(" ")
@@ -464,6 +479,8 @@ class ProxyApp:
                 f"The user of this ocx key ({info.user}) is deactivated: ask an ocx administrator "
                 "to reactivate it (ocx user activate)",
             )
+        if (time.time() if now_s is None else now_s) >= info.expires_at:
+            raise HTTPFailure(401, "invalid_request_error", "key_expired", _expired(info))
         return info
 
     async def _route(
