@@ -64,7 +64,8 @@ class KeyPatch(Schema):
 
 class RotateIn(Schema):
     graceSeconds: int = Field(
-        0, description="how long the old secret keeps working: 0 (default) to 2592000 (30 days)"
+        0,
+        strict=True, description="how long the old secret keeps working: 0 (default) to 2592000 (30 days)"
     )
 
 
@@ -183,7 +184,8 @@ def create_key(
     _, expires = _expiry(payload, now)
     if expires is not None:
         try:
-            expiry.future_expiry(expires, now=now)
+            field = "expiresIn" if "expiresIn" in payload.model_fields_set else "expiresAt"
+            expiry.future_expiry(expires, now=now, field=field)
         except expiry.ExpiryError as exc:
             raise HttpError(400, str(exc)) from None
     # A model-level refusal (e.g. name longer than 64) is a 400 (ocxsite.api's handler).
