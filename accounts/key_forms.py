@@ -297,7 +297,6 @@ class ClientKeyForm(forms.ModelForm):  # type: ignore[type-arg]
         current = list(self.instance.allowed_models or []) if self.instance.pk else []
         self.fields["allowed_models"].choices = allowed_model_choices(current)  # type: ignore[attr-defined]
         if "rpm_limit" in self.fields:
-            self.fields["rpm_limit"].min_value = 1  # type: ignore[attr-defined]
             self.fields["rpm_limit"].widget.attrs["min"] = 1
 
     def clean_user(self) -> Any:
