@@ -248,11 +248,22 @@ def allowed_model_choices(current: Sequence[str] = ()) -> list[tuple[str, str]]:
     return [(n, n) for n in names]
 
 
+class ModelPicker(FilteredSelectMultiple):
+    """Django's two-pane picker, wrapped: its script puts the panes first in the select's
+    parent, which without a wrapper is the form row (the label would end up behind them)."""
+
+    def render(
+        self, name: str, value: Any, attrs: dict[str, Any] | None = None, renderer: Any = None
+    ) -> SafeString:
+        inner = super().render(name, value, attrs, renderer)
+        return format_html('<div class="ocx-model-picker">{}</div>', inner)
+
+
 class AllowedModelsField(forms.MultipleChoiceField):
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("required", False)
         kwargs.setdefault("help_text", MODELS_HELP)
-        kwargs.setdefault("widget", FilteredSelectMultiple("allowed models", is_stacked=False))
+        kwargs.setdefault("widget", ModelPicker("allowed models", is_stacked=False))
         super().__init__(**kwargs)
 
     def clean(self, value: Any) -> list[str]:

@@ -65,7 +65,8 @@ class KeyPatch(Schema):
 class RotateIn(Schema):
     graceSeconds: int = Field(
         0,
-        strict=True, description="how long the old secret keeps working: 0 (default) to 2592000 (30 days)"
+        strict=True,
+        description="how long the old secret keeps working: 0 (default) to 2592000 (30 days)",
     )
 
 

@@ -112,7 +112,9 @@ def test_expires_in_and_expires_at_are_stored_and_listed(api: Api) -> None:
         ({"expiresAt": "2099-01-31T00:00Z", "expiresIn": "1d"}, "give expiresAt or expiresIn"),
     ],
 )
-def test_bad_expiry_is_a_400_and_creates_nothing(api: Api, body: dict[str, str], error: str) -> None:
+def test_bad_expiry_is_a_400_and_creates_nothing(
+    api: Api, body: dict[str, str], error: str
+) -> None:
     r = api.post("/api/keys", {"user": "bea", **body})
     assert r.status_code == 400, r.content
     assert r.json()["error"].startswith(error)
@@ -270,7 +272,7 @@ def test_cli_expiry_and_rotation() -> None:
     assert ClientKey.objects.count() == 2
     out = key("set", str(row.pk), "--expires", "2098-06-01T00:00Z")
     assert "Expires 2098-06-01T00:00:00Z." in out
-    assert f"expires 2098-06-01T00:00:00Z" in key("list")
+    assert "expires 2098-06-01T00:00:00Z" in key("list")
     key("set", str(row.pk), "--expires", "none")
     assert ClientKey.objects.get(pk=row.pk).expires is None
     out = key("rotate", str(row.pk), "--grace", "1h")
