@@ -10,6 +10,7 @@ Screenshots go to test-artifacts/browser/ (`<width>-keys-*.png`).
 from __future__ import annotations
 
 import datetime as dt
+import time
 import uuid
 from typing import Any
 
@@ -25,6 +26,7 @@ from tests.browser.test_admin_browser import (  # noqa: F401 - fixtures used by 
     submit,
 )
 from tests.conftest import Mock, Server
+from tests.gateway.test_key_expiry_e2e import ask
 from tests.gateway.test_proxy_failover import provider, sync
 
 
@@ -129,11 +131,7 @@ def test_add_a_key_in_the_admin_and_edit_it(
         {"windowPercent": 40, "provider": "kbprov"},
     ]
     assert created["expiresAt"] == f"{expires}T09:30:00Z"
-    r = server.http.post(
-        "/v1/responses",
-        json={"model": f"combo/{combo_id}", "input": "hi"},
-        headers={"Authorization": f"Bearer {secret}"},
-    )
+    r = ask(server, combo_id, secret)
     assert r.status_code == 200, r.text
 
     # The key's page: the same controls, filled; change a row and save.
@@ -159,3 +157,26 @@ def test_add_a_key_in_the_admin_and_edit_it(
     )
     assert changed["budgets"][0] == {"tokens": 300000, "period": "month"}
     assert changed["expiresAt"] is None
+
+    # "Rotate selected key": choose a grace, then the new secret is shown once.
+    page.check(f"input[name=_selected_action][value='{created['id']}']")
+    page.select_option("select[name=action]", "rotate")
+    with page.expect_navigation():
+        page.click("button[name=index]")
+    page.select_option("#id_grace", "3600")
+    no_sideways_scroll(page)
+    snap("06-rotate-grace")
+    with page.expect_navigation():
+        page.click("input[type=submit][value='Rotate the secret']")
+    rotated = page.input_value("#ocx-secret")
+    assert rotated.startswith("ocx_") and rotated != secret
+    assert "The old secret keeps working until" in page.locator("#content-main").inner_text()
+    no_sideways_scroll(page)
+    snap("07-rotated")
+    for usable in (rotated, secret):  # the old one inside its hour of grace
+        # The worker that took the write serves it at once; others at the notice or poll.
+        deadline = time.monotonic() + 5
+        while (r := ask(server, combo_id, usable)).status_code == 401:
+            assert time.monotonic() < deadline, r.text
+            time.sleep(0.05)
+        assert r.status_code == 200, r.text
