@@ -369,9 +369,8 @@ class ProxyApp:
             raise HTTPFailure(405, "invalid_request_error", "method_not_allowed", "Use POST")
         exchange.logged = True
         snapshot = await self.runtime.ready()
-        key = self._authenticate(headers)
         entry = exchange.entry
-        entry.key_prefix, entry.user, entry.key_id = key.prefix, key.user, key.id
+        key = self._authenticate(headers, entry=entry)
         if key.rpm_limit is not None:
             await self._limit(key)
         body = await _read_body(receive, settings.OCX_PROXY_MAX_BODY)
@@ -456,7 +455,14 @@ class ProxyApp:
         except Exception:  # noqa: BLE001 - the answer is complete; only the count is lost
             log.exception("could not count request %s against its budgets", exchange.request_id)
 
-    def _authenticate(self, headers: Mapping[str, str], now_s: float | None = None) -> KeyInfo:
+    def _authenticate(
+        self,
+        headers: Mapping[str, str],
+        now_s: float | None = None,
+        entry: RequestEntry | None = None,
+    ) -> KeyInfo:
+        """The caller's key; an `entry` (the request log's) names its user and key, also when
+        the key is refused as expired or its user as deactivated."""
         token = headers.get("x-ocx-key", "")
         if not token:
             scheme, _, value = headers.get("authorization", "").partition(" ")
@@ -470,6 +476,8 @@ class ProxyApp:
                 "invalid_api_key",
                 "Missing or invalid ocx client key (Authorization: Bearer ocx_… or x-ocx-key)",
             )
+        if entry is not None:
+            entry.key_prefix, entry.user, entry.key_id = info.prefix, info.user, info.id
         if not info.user_active:
             # The key is right; its owner was deactivated (`ocx user deactivate`).
             raise HTTPFailure(

@@ -61,6 +61,18 @@ def test_an_expired_key_gets_key_expired_and_reaches_no_upstream(
     models = server.http.get("/v1/models", headers={"x-ocx-key": key})
     assert models.status_code == 401 and models.json()["error"]["code"] == "key_expired"
     assert mock.hits(model) == 1  # neither request reached the upstream
+    # The request log names whose key it was (written in batches: wait for the row).
+    deadline = time.monotonic() + 5
+    while not (
+        rows := [
+            r
+            for r in server.api.get("/api/requests", params={"user": "exp-ann"}).json()["requests"]
+            if r["status"] == 401
+        ]
+    ):
+        assert time.monotonic() < deadline, "the refused request was not logged"
+        time.sleep(0.1)
+    assert rows[0]["outcome"] == "key_expired" and rows[0]["keyPrefix"] == listed["prefix"]
     # Clearing the expiry brings the key back.
     server.api.patch(f"/api/keys/{listed['id']}", json={"expiresAt": None})
     until(server, combo_id, key, 200)
