@@ -458,8 +458,8 @@ class ProxyApp:
     def _authenticate(
         self,
         headers: Mapping[str, str],
-        now_s: float | None = None,
         entry: RequestEntry | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> KeyInfo:
         """The caller's key; an `entry` (the request log's) names its user and key, also when
         the key is refused as expired or its user as deactivated."""
@@ -487,7 +487,7 @@ class ProxyApp:
                 f"The user of this ocx key ({info.user}) is deactivated: ask an ocx administrator "
                 "to reactivate it (ocx user activate)",
             )
-        if (time.time() if now_s is None else now_s) >= info.expires_at:
+        if clock() >= info.expires_at:  # the whole expiry check: math.inf when none
             raise HTTPFailure(401, "invalid_request_error", "key_expired", _expired(info))
         return info
 

@@ -54,7 +54,8 @@ def api(settings: Any, client: Client) -> Api:
 def check(secret: str, now: float) -> access.KeyInfo:
     """The proxy's own key check against the key map as a worker loads it, at `now`."""
     proxy = SimpleNamespace(runtime=SimpleNamespace(keys=client_keys_active(inactive_users=True)))
-    return ProxyApp._authenticate(proxy, {"x-ocx-key": secret}, now)  # type: ignore[arg-type]
+    headers = {"x-ocx-key": secret}
+    return ProxyApp._authenticate(proxy, headers, clock=lambda: now)  # type: ignore[arg-type]
 
 
 def refusal(secret: str, now: float) -> HTTPFailure:
