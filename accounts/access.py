@@ -5,7 +5,10 @@ Only SHA-256 digests are stored; the secret is returned once, at creation.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import hashlib
+import math
 import secrets
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -45,6 +48,11 @@ class KeyInfo:
     user_id: int = 0
     # False: the owner is deactivated (the proxy answers 401 user_inactive, not "invalid key").
     user_active: bool = True
+    # Epoch seconds from which this secret is refused (401 key_expired): the key's expiry, or
+    # for a rotated key's previous secret the end of its grace period. One float comparison.
+    expires_at: float = math.inf
+    # True: this entry is the previous secret of a rotated key (the message says so).
+    previous: bool = False
 
 
 class KeyOwnerError(Exception):
@@ -64,9 +72,11 @@ def client_key_create(
     rpm_limit: int | None = None,
     budgets: list[dict[str, object]] | None = None,
     create_user: bool = True,
+    expires: dt.datetime | None = None,
 ) -> tuple[ClientKey, str]:
     """Mint a key for `username`. An unknown user is created (a key-only user) when
-    `create_user`, else refused; a deactivated user gets no key (KeyOwnerError either way)."""
+    `create_user`, else refused; a deactivated user gets no key (KeyOwnerError either way).
+    A past `expires` is the caller's to refuse (`accounts.expiry.future_expiry`)."""
     user_model = get_user_model()
     with transaction.atomic():
         user = user_model.objects.filter(username=username).first()
@@ -85,7 +95,7 @@ def client_key_create(
                 f"user {username} is deactivated: reactivate it with `ocx user activate "
                 f"{username}` before giving it a key",
             )
-        secret = CLIENT_PREFIX + secrets.token_urlsafe(32)
+        secret = _client_secret()
         key = ClientKey(
             user=user,
             name=name,
@@ -94,9 +104,37 @@ def client_key_create(
             allowed_models=sorted(set(allowed_models or [])),
             rpm_limit=rpm_limit,
             budgets=list(budgets or []),  # validated by full_clean (usage.budgets)
+            expires=expires,
         )
         key.full_clean()
         key.save()
+    return key, secret
+
+
+def _client_secret() -> str:
+    return CLIENT_PREFIX + secrets.token_urlsafe(32)
+
+
+def client_key_rotate(
+    *, key_id: int, grace: dt.timedelta = dt.timedelta(0), now: dt.datetime | None = None
+) -> tuple[ClientKey, str]:
+    """Give an unrevoked key a new secret, returned once. The row stays (same id, user, name,
+    budgets, limits, allowed models, expiry and budget counters); the old secret keeps working
+    for `grace` (0: not at all), then gets 401 key_expired. A secret still in its grace from an
+    earlier rotation stops at once: only the latest previous secret is kept.
+
+    Raises ClientKey.DoesNotExist for an unknown or revoked key."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        key = ClientKey.objects.select_for_update().get(pk=key_id, revoked__isnull=True)
+        secret = _client_secret()
+        key.previous_digest = key.digest
+        key.previous_until = now + grace
+        key.rotated = now
+        key.digest = digest(secret)
+        key.prefix = secret[:10]
+        key.full_clean()
+        key.save()  # the post_save receiver bumps the key table: every worker reloads it
     return key, secret
 
 
@@ -151,8 +189,10 @@ def client_keys_active(
         rows = rows.filter(user__is_active=True)
     if not every:
         rows = rows.filter(Q(pk__in=list(key_ids)) | Q(user_id__in=list(user_ids)))
-    return {
-        k.digest: KeyInfo(
+    out: dict[str, KeyInfo] = {}
+    for k in rows.select_related("user", "user__ocx_budget"):
+        expires_at = k.expires.timestamp() if k.expires is not None else math.inf
+        info = KeyInfo(
             id=k.pk,
             prefix=k.prefix,
             user=k.user.get_username(),
@@ -161,9 +201,14 @@ def client_keys_active(
             budgets=scoped_budgets(k),
             user_id=k.user_id,
             user_active=k.user.is_active,
+            expires_at=expires_at,
         )
-        for k in rows.select_related("user", "user__ocx_budget")
-    }
+        out[k.digest] = info
+        if k.previous_digest and k.previous_until is not None:
+            # Kept after its grace too: its holder learns it was rotated, not "invalid key".
+            grace_end = min(k.previous_until.timestamp(), expires_at)
+            out[k.previous_digest] = dataclasses.replace(info, expires_at=grace_end, previous=True)
+    return out
 
 
 def mgmt_token_create(*, username: str, name: str = "") -> tuple[ManagementToken, str]:

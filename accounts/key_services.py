@@ -70,8 +70,10 @@ def client_key_update(
     allowed_models: object = _UNSET,
     rpm_limit: object = _UNSET,
     budgets: object = _UNSET,
+    expires: object = _UNSET,
 ) -> ClientKey:
-    """Change an unrevoked key's settings; only the arguments given change.
+    """Change an unrevoked key's settings; only the arguments given change. `expires` None
+    removes the expiry; a past instant is allowed here (it expires the key now, reversibly).
 
     Raises ClientKey.DoesNotExist for an unknown or revoked key, ValidationError for bad values
     (nothing is changed then)."""
@@ -89,6 +91,8 @@ def client_key_update(
             key.rpm_limit = rpm_limit  # type: ignore[assignment]
         if budgets is not _UNSET:
             key.budgets = budgets_value(budgets)
+        if expires is not _UNSET:
+            key.expires = expires  # type: ignore[assignment]
         key.full_clean()
         key.save()  # the post_save receiver bumps the key table: every worker reloads
     return key

@@ -1,4 +1,5 @@
-"""`/api/keys`: client keys, camelCase both ways (`allowedModels`, `rpmLimit`, `budgets`).
+"""`/api/keys`: client keys, camelCase both ways (`allowedModels`, `rpmLimit`, `budgets`,
+`expiresAt` / `expiresIn`), and `POST /api/keys/{id}/rotate`.
 
 The snake_case `allowed_models` / `rpm_limit` of earlier releases are still accepted for one
 release; a request using them gets `Deprecation: true` and a `Warning` header.
@@ -6,15 +7,17 @@ release; a request using them gets `Deprecation: true` and a `Warning` header.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
 from ninja import Field, Router, Schema
 from ninja.errors import HttpError
 from pydantic.config import JsonDict
 
-from accounts import access, key_pages, key_services
+from accounts import access, expiry, key_pages, key_services
 from accounts.models import ClientKey, UserBudget
 from usage.budgets import stored_budgets
 
@@ -31,6 +34,10 @@ class KeyIn(Schema):
     rpmLimit: int | None = None
     budget: dict[str, Any] | None = Field(None, description="one budget (ocx budgets)")
     budgets: list[dict[str, Any]] | None = Field(None, description="a list of budgets")
+    expiresAt: str | None = Field(
+        None, description="ISO-8601 date-time with a zone, e.g. 2027-01-31T00:00Z"
+    )
+    expiresIn: str | None = Field(None, description="a duration from now: 90m, 12h, 30d, 2w")
     allowed_models: list[str] | None = Field(
         None, description="deprecated: use allowedModels", json_schema_extra=_DEPRECATED
     )
@@ -45,12 +52,38 @@ class KeyPatch(Schema):
     rpmLimit: int | None = Field(None, description="null removes the limit")
     budget: dict[str, Any] | None = Field(None, description="null removes every budget")
     budgets: list[dict[str, Any]] | None = Field(None, description="replaces the list")
+    expiresAt: str | None = Field(None, description="ISO-8601 with a zone; null: never expires")
+    expiresIn: str | None = Field(None, description="a duration from now: 90m, 12h, 30d, 2w")
     allowed_models: list[str] | None = Field(
         None, description="deprecated: use allowedModels", json_schema_extra=_DEPRECATED
     )
     rpm_limit: int | None = Field(
         None, description="deprecated: use rpmLimit", json_schema_extra=_DEPRECATED
     )
+
+
+class RotateIn(Schema):
+    graceSeconds: int = Field(
+        0,
+        strict=True,
+        description="how long the old secret keeps working: 0 (default) to 2592000 (30 days)",
+    )
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return expiry.iso(value) if value is not None else None
+
+
+def _expiry(payload: Schema, now: dt.datetime) -> tuple[bool, dt.datetime | None]:
+    """(given, value) of `expiresAt` / `expiresIn`; `"expiresAt": null` is given as None."""
+    given = payload.model_fields_set & {"expiresAt", "expiresIn"}
+    at, within = payload.expiresAt, payload.expiresIn  # type: ignore[attr-defined]
+    if "expiresIn" in given and within is None:
+        raise HttpError(400, "expiresIn must be a duration such as 30d (expiresAt: null clears)")
+    try:
+        return bool(given), expiry.expiry_value(expires_at=at, expires_in=within, now=now)
+    except expiry.ExpiryError as exc:
+        raise HttpError(400, str(exc)) from None
 
 
 def _listed(key: ClientKey) -> dict[str, object]:
@@ -64,6 +97,10 @@ def _listed(key: ClientKey) -> dict[str, object]:
         "budgets": [b.to_json() for b in stored_budgets(key.budgets)],
         "created": key.created.isoformat(),
         "revoked": key.revoked.isoformat() if key.revoked else None,
+        "expiresAt": _iso(key.expires),
+        "rotated": _iso(key.rotated),
+        # Until then the secret before the last rotation still works.
+        "previousSecretValidUntil": _iso(key.previous_until),
     }
 
 
@@ -144,6 +181,14 @@ def create_key(
     if "\x00" in payload.user or "\x00" in payload.name:
         raise HttpError(400, "user and name must not contain NUL characters")
     models, rpm, budgets = _checked(payload, response)
+    now = timezone.now()
+    _, expires = _expiry(payload, now)
+    if expires is not None:
+        try:
+            field = "expiresIn" if "expiresIn" in payload.model_fields_set else "expiresAt"
+            expiry.future_expiry(expires, now=now, field=field)
+        except expiry.ExpiryError as exc:
+            raise HttpError(400, str(exc)) from None
     # A model-level refusal (e.g. name longer than 64) is a 400 (ocxsite.api's handler).
     username = payload.user.strip()
     # Automation may mint a key for a new user in one call; the answer says it did.
@@ -155,6 +200,7 @@ def create_key(
             allowed_models=models[1] or [],
             rpm_limit=rpm[1],
             budgets=key_services.budgets_value(budgets[1]) if budgets[0] else [],
+            expires=expires,
         )
     except access.KeyOwnerError as exc:
         return 409, {"error": exc.message, "code": exc.code}
@@ -200,8 +246,9 @@ def set_user_budgets(
 def update_key(
     request: HttpRequest, key_id: int, payload: KeyPatch, response: HttpResponse
 ) -> dict[str, object]:
-    """Change a key's name, allowedModels, rpmLimit or budgets; absent fields stay as they are.
-    `"rpmLimit": null` removes the limit, `"budget": null` / `"budgets": []` every budget."""
+    """Change a key's name, allowedModels, rpmLimit, budgets or expiry; absent fields stay as
+    they are. `"rpmLimit": null` removes the limit, `"budget": null` / `"budgets": []` every
+    budget, `"expiresAt": null` the expiry (a past expiresAt expires the key now)."""
     if payload.name is not None and "\x00" in payload.name:
         raise HttpError(400, "name must not contain NUL characters")
     if "name" in payload.model_fields_set and payload.name is None:
@@ -216,11 +263,31 @@ def update_key(
         changes["rpm_limit"] = rpm[1]
     if budgets[0]:
         changes["budgets"] = budgets[1]
+    expires_given, expires = _expiry(payload, timezone.now())
+    if expires_given:
+        changes["expires"] = expires
     try:
         key = key_services.client_key_update(key_id=key_id, **changes)
     except ClientKey.DoesNotExist:
         raise HttpError(404, "unknown or revoked key") from None
     return _listed(key)
+
+
+@router.post("/{key_id}/rotate", operation_id="rotate_key")
+def rotate_key(
+    request: HttpRequest, key_id: int, payload: RotateIn | None = None
+) -> dict[str, object]:
+    """A new secret for the key, shown once (`key`); everything else stays, including its id,
+    so its budgets keep counting. The old secret works for `graceSeconds` more (default 0)."""
+    try:
+        grace = expiry.grace_value(payload.graceSeconds if payload is not None else 0)
+    except expiry.ExpiryError as exc:
+        raise HttpError(400, str(exc)) from None
+    try:
+        key, secret = access.client_key_rotate(key_id=key_id, grace=grace)
+    except ClientKey.DoesNotExist:
+        raise HttpError(404, "unknown or revoked key") from None
+    return {**_listed(key), "key": secret}
 
 
 @router.delete("/{key_id}", operation_id="revoke_key")

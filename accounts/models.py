@@ -20,6 +20,15 @@ class ClientKey(models.Model):
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
     revoked = models.DateTimeField(null=True, blank=True)
+    # After this instant the key is refused (401 key_expired); null: never.
+    expires = models.DateTimeField(null=True, blank=True)
+    # Rotation keeps the row (its id counts the key's usage and budgets) and swaps the digest;
+    # the previous secret's digest stays valid until `previous_until` (the grace period).
+    previous_digest = models.CharField(max_length=64, blank=True, default="", editable=False)
+    previous_until = models.DateTimeField(
+        "previous secret valid until", null=True, blank=True, editable=False
+    )
+    rotated = models.DateTimeField("last rotated", null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "ocxsite_clientkey"  # its table since before the move from ocxsite

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 import functools
 import json
 import logging
@@ -19,6 +20,7 @@ from typing import Any, Literal
 
 from django.conf import settings
 
+from accounts import expiry
 from accounts.access import CLIENT_PREFIX, KeyInfo, digest
 from combos.selectors import credential_for
 from combos.shaping import (
@@ -215,6 +217,19 @@ class Exchange:
         self.done = True
 
 
+def _expired(info: KeyInfo) -> str:
+    when = expiry.iso(dt.datetime.fromtimestamp(info.expires_at, dt.UTC))
+    if info.previous:
+        return (
+            f"This ocx key was rotated: its previous secret stopped working at {when}. "
+            "Use the new secret (ocx key rotate showed it once)"
+        )
+    return (
+        f"This ocx key ({info.prefix}…) expired at {when}: ask an ocx administrator for a new "
+        "key or a later expiry (ocx key set ID --expires 30d)"
+    )
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -373,9 +388,8 @@ class ProxyApp:
             raise HTTPFailure(405, "invalid_request_error", "method_not_allowed", "Use POST")
         exchange.logged = True
         snapshot = await self.runtime.ready()
-        key = self._authenticate(headers)
         entry = exchange.entry
-        entry.key_prefix, entry.user, entry.key_id = key.prefix, key.user, key.id
+        key = self._authenticate(headers, entry=entry)
         if key.rpm_limit is not None:
             await self._limit(key)
         body = await _read_body(receive, settings.OCX_PROXY_MAX_BODY)
@@ -475,7 +489,14 @@ class ProxyApp:
         except Exception:  # noqa: BLE001 - the answer is complete; only the count is lost
             log.exception("could not count request %s against its budgets", exchange.request_id)
 
-    def _authenticate(self, headers: Mapping[str, str]) -> KeyInfo:
+    def _authenticate(
+        self,
+        headers: Mapping[str, str],
+        entry: RequestEntry | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> KeyInfo:
+        """The caller's key; an `entry` (the request log's) names its user and key, also when
+        the key is refused as expired or its user as deactivated."""
         token = headers.get("x-ocx-key", "")
         if not token:
             scheme, _, value = headers.get("authorization", "").partition(" ")
@@ -489,6 +510,8 @@ class ProxyApp:
                 "invalid_api_key",
                 "Missing or invalid ocx client key (Authorization: Bearer ocx_… or x-ocx-key)",
             )
+        if entry is not None:
+            entry.key_prefix, entry.user, entry.key_id = info.prefix, info.user, info.id
         if not info.user_active:
             # The key is right; its owner was deactivated (`ocx user deactivate`).
             raise HTTPFailure(
@@ -498,6 +521,8 @@ class ProxyApp:
                 f"The user of this ocx key ({info.user}) is deactivated: ask an ocx administrator "
                 "to reactivate it (ocx user activate)",
             )
+        if clock() >= info.expires_at:  # the whole expiry check: math.inf when none
+            raise HTTPFailure(401, "invalid_request_error", "key_expired", _expired(info))
         return info
 
     async def _route(

@@ -23,6 +23,7 @@ def test_key_and_user_budget_forms_show_the_budgets_help() -> None:
         f"/admin/accounts/clientkey/{key.pk}/change/",
         f"/admin/accounts/userbudget/{budget.pk}/change/",
         "/admin/accounts/userbudget/add/",
+        "/admin/accounts/clientkey/add/",
     ):
         response = client.get(path)
         assert response.status_code == 200, path

@@ -300,18 +300,27 @@ def test_admin_forms_validate_and_normalise_budgets(api: Api, client: Client) ->
     created = api.post({"user": "hank"}).json()
     url = f"/admin/accounts/clientkey/{created['id']}/change/"
     form = {"user": str(ClientKey.objects.get(pk=created["id"]).user_id), "name": "n"}
-    form |= {"allowed_models": "[]", "rpm_limit": ""}
-    r = client.post(url, {**form, "budgets": '{"tokens": 0, "period": "day"}'})
-    assert r.status_code == 200 and "budget.tokens must be from 1 to" in r.content.decode()
-    r = client.post(url, {**form, "allowed_models": '["combo/zz"]', "budgets": "[]"})
-    assert r.status_code == 200 and "unknown combo zz in allowedModels" in r.content.decode()
-    r = client.post(url, {**form, "budgets": '{"tokens": 10, "period": "day"}'})
+    form |= {"rpm_limit": "", "expires_0": "", "expires_1": ""}
+    day = {"budgets-kind": "tokens", "budgets-scope": "period:day"}
+    r = client.post(url, {**form, **day, "budgets-amount": "0"})
+    assert r.status_code == 200 and "budgets[0].tokens must be from 1 to" in r.content.decode()
+    r = client.post(url, {**form, "allowed_models": ["combo/zz"]})
+    assert r.status_code == 200
+    assert "Select a valid choice. combo/zz is not one of the available choices." in (
+        r.content.decode()
+    )
+    r = client.post(url, {**form, **day, "budgets-amount": "10"})
     assert r.status_code == 302, r.content.decode()[-3000:]
     assert ClientKey.objects.get(pk=created["id"]).budgets == [{"tokens": 10, "period": "day"}]
     user = get_user_model().objects.get(username="hank")
     r = client.post(
         "/admin/accounts/userbudget/add/",
-        {"user": str(user.pk), "budgets": '[{"windowPercent": 25, "provider": "cx"}]'},
+        {
+            "user": str(user.pk),
+            "budgets-kind": "windowPercent",
+            "budgets-amount": "25",
+            "budgets-scope": "provider:cx",
+        },
     )
     assert r.status_code == 302, r.content.decode()[-3000:]
     assert UserBudget.objects.get(user=user).budgets == [{"windowPercent": 25, "provider": "cx"}]
