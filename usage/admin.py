@@ -1,10 +1,17 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 
+from usage import report as usage_report
 from usage import requestlog_admin  # noqa: F401 - registers the request log admin
 from usage.models import BudgetEvent, UsageRollup
 
@@ -15,6 +22,19 @@ EXPORTS = (
     ("keys 7d", "by=key&since=7d"),
     ("targets 24h", "by=target&since=24h"),
 )
+
+
+def _links(
+    params: dict[str, str], name: str, choices: dict[str, str], drop: tuple[str, ...] = ()
+) -> list[tuple[str, str, str]]:
+    """(value, label, "?query") per choice, keeping the page's other parameters."""
+    out = []
+    for value, label in choices.items():
+        if value == "custom":
+            continue
+        query = {k: v for k, v in params.items() if v and k not in drop and k != name}
+        out.append((value, label, "?" + urlencode({**query, name: value})))
+    return out
 
 
 @admin.register(UsageRollup)
@@ -52,11 +72,56 @@ class UsageRollupAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         # Counts are removed by retention only: a deleted row would silently lower totals.
         return False
 
+    def get_urls(self) -> list[URLPattern]:
+        # The per-minute rows: the report's drill-down (Django's own change list).
+        rollups = path(
+            "rollups/",
+            self.admin_site.admin_view(self.rollups_view),
+            name="usage_usagerollup_rollups",
+        )
+        return [rollups, *super().get_urls()]
+
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
+        """The usage report: the page "Usage rollups" opens (staff with view permission)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        params = {k: request.GET.get(k, "") for k in ("period", "from", "to", "by", "tz")}
+        context: dict[str, Any] = {
+            **self.admin_site.each_context(request),
+            "title": "Usage report",
+            "opts": self.model._meta,
+            "periods": usage_report.PERIODS,
+            "groupings": usage_report.groupings(),
+            "params": params,
+            "period_links": _links(params, "period", usage_report.PERIODS, drop=("from", "to")),
+            "group_links": _links(params, "by", usage_report.groupings()),
+            "default_zone": settings.OCX_TIME_ZONE,
+        }
+        status = 200
+        try:
+            report = usage_report.build(
+                params=params,
+                now=timezone.now(),
+                default_zone=settings.OCX_TIME_ZONE,
+                rollups_base=reverse("admin:usage_usagerollup_rollups"),
+            )
+        except usage_report.ReportError as exc:
+            context["error"] = str(exc)
+            status = 400
+        else:
+            context["report"] = report
+            context["chart"] = usage_report.spend_chart(
+                report.series, with_api_value=report.shows_api_value
+            )
+        return TemplateResponse(
+            request, "admin/usage/usagerollup/report.html", context, status=status
+        )
+
+    def rollups_view(self, request: HttpRequest) -> HttpResponse:
         links = [(label, f"/api/usage?format=csv&{query}") for label, query in EXPORTS]
-        return super().changelist_view(request, {**(extra_context or {}), "usage_exports": links})
+        return super().changelist_view(request, {"usage_exports": links, "title": "Usage rollups"})
 
 
 @admin.register(BudgetEvent)
