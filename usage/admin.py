@@ -6,14 +6,18 @@ from urllib.parse import urlencode
 from django.conf import settings
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
+from django.utils.safestring import SafeString
+
+from combos.times import time_html
 
 from usage import report as usage_report
 from usage import requestlog_admin  # noqa: F401 - registers the request log admin
-from usage.models import BudgetEvent, UsageRollup
+from usage.models import HOUR, MINUTE, BudgetEvent, UsageRollup
 
 # The exports the usage page links (the management API accepts a staff session).
 EXPORTS = (
@@ -22,6 +26,22 @@ EXPORTS = (
     ("keys 7d", "by=key&since=7d"),
     ("targets 24h", "by=target&since=24h"),
 )
+
+
+class BucketSizeFilter(admin.SimpleListFilter):
+    """Minute rows (the last day) or hour rows (older, downsampled)."""
+
+    title = "bucket"
+    parameter_name = "resolution"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(str(MINUTE), "1 min"), (str(HOUR), "1 h")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset if value not in (str(MINUTE), str(HOUR)) else queryset.filter(
+            resolution=int(value)
+        )
 
 
 def _links(
@@ -39,9 +59,10 @@ def _links(
 
 @admin.register(UsageRollup)
 class UsageRollupAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    # The drill-down of the report: local times, a readable bucket size, tokens in one column.
     list_display = (
-        "bucket",
-        "resolution",
+        "when",
+        "span",
         "user",
         "key_prefix",
         "combo",
@@ -49,18 +70,42 @@ class UsageRollupAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "model",
         "status_class",
         "requests",
-        "input_tokens",
-        "cached_input_tokens",
-        "output_tokens",
-        "reasoning_tokens",
-        "unknown_usage_requests",
-        "cost_usd",
-        "api_value_usd",
+        "tokens",
+        "cost",
+        "api_value",
         "unpriced_requests",
     )
-    list_filter = ("resolution", "status_class", "combo")
+    list_filter = (BucketSizeFilter, "status_class", "combo")
     search_fields = ("user", "key_prefix", "target", "model")
     date_hierarchy = "bucket"
+
+    class Media:
+        css = {"all": ("ocx/usage-rollups.css",)}
+        js = ("ocx/localtime.js",)
+
+    @admin.display(description="bucket start", ordering="bucket")
+    def when(self, obj: UsageRollup) -> SafeString:
+        return time_html(obj.bucket)
+
+    @admin.display(description="bucket", ordering="resolution")
+    def span(self, obj: UsageRollup) -> str:
+        return "1 h" if obj.resolution == HOUR else "1 min" if obj.resolution == MINUTE else (
+            f"{obj.resolution} s"
+        )
+
+    @admin.display(description="tokens in / cached / out")
+    def tokens(self, obj: UsageRollup) -> str:
+        return (
+            f"{obj.input_tokens:,} / {obj.cached_input_tokens:,} / {obj.output_tokens:,}"
+        )
+
+    @admin.display(description="cost", ordering="cost_usd")
+    def cost(self, obj: UsageRollup) -> str:
+        return f"${obj.cost_usd:,.6f}"
+
+    @admin.display(description="API value", ordering="api_value_usd")
+    def api_value(self, obj: UsageRollup) -> str:
+        return f"${obj.api_value_usd:,.6f}"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

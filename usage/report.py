@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import datetime as dt
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -415,17 +416,18 @@ CHART_W, CHART_H = 1000, 230
 _LEFT, _BOTTOM, _TOP = 64, 26, 10
 
 
-def _nice(top: float) -> float:
-    """A round axis maximum ≥ top (1, 2, 2.5 or 5 × 10^n)."""
-    if top <= 0:
-        return 1.0
-    scale = 10.0 ** (len(str(int(top))) - 1) if top >= 1 else 0.01
-    while scale * 10 < top:
-        scale *= 10
-    for mult in (1, 2, 2.5, 5, 10):
-        if scale * mult >= top:
-            return scale * mult
-    return scale * 10
+def _ticks(peak: float) -> tuple[float, int]:
+    """(step, count): a round dollar step (1, 2 or 5 × 10^n, at least a cent) and at most 5
+    steps that reach `peak`."""
+    if peak <= 0:
+        return 1.0, 1
+    step = 0.01
+    while True:
+        for mult in (1, 2, 5):
+            if step * mult * 5 >= peak:
+                size = round(step * mult, 2)
+                return size, max(1, math.ceil(peak / size - 1e-9))
+        step *= 10
 
 
 def spend_chart(series: list[Point], *, with_api_value: bool) -> SafeString:
@@ -433,15 +435,16 @@ def spend_chart(series: list[Point], *, with_api_value: bool) -> SafeString:
     requests ran on a subscription), a dollar axis and local step labels."""
     n = max(1, len(series))
     peak = max([p.api_value_usd if with_api_value else p.cost_usd for p in series] or [0.0])
-    top = _nice(peak)
+    size, ticks = _ticks(peak)
+    top = size * ticks
     plot_w, plot_h = CHART_W - _LEFT - 8, CHART_H - _BOTTOM - _TOP
     slot = plot_w / n
     bar = max(1.0, slot * 0.7)
     grid = []
-    for i in range(5):
-        value = top * i / 4
-        y = _TOP + plot_h - plot_h * i / 4
-        grid.append((f"{y:.1f}", f"{y + 4:.1f}", f"${value:,.2f}" if top < 10 else f"${value:,.0f}"))
+    for i in range(ticks + 1):
+        value = size * i
+        y = _TOP + plot_h - plot_h * i / ticks
+        grid.append((f"{y:.1f}", f"{y + 4:.1f}", f"${value:,.2f}" if size < 1 else f"${value:,.0f}"))
     gridlines = format_html_join(
         "",
         '<line class="ocx-grid" x1="{}" x2="{}" y1="{}" y2="{}"></line>'
