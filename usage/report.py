@@ -397,7 +397,10 @@ def spend_series(period: Period) -> list[Point]:
             cost[i] += row["cost"] or 0.0
             api[i] += row["api"] or 0.0
             requests[i] += row["n"] or 0
-    fmt = "%H:%M" if period.step == "hour" else "%a %m-%d"
+    if period.step == "hour":
+        fmt = "%H:%M"
+    else:
+        fmt = "%a %m-%d" if len(starts) <= 12 else "%m-%d"
     return [
         Point(
             start=s,
@@ -451,7 +454,7 @@ def spend_chart(series: list[Point], *, with_api_value: bool) -> SafeString:
         '<text class="ocx-axis" x="{}" y="{}" text-anchor="end">{}</text>',
         ((_LEFT, CHART_W - 8, y, y, _LEFT - 6, ty, label) for y, ty, label in grid),
     )
-    every = max(1, -(-n // 16))  # at most ~16 step labels
+    every = max(1, -(-n // 12))  # at most 12 step labels (readable at 1280 px)
     bars = []
     for i, p in enumerate(series):
         x = _LEFT + slot * i + (slot - bar) / 2
