@@ -14,7 +14,6 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from combos.times import time_html
-
 from usage import report as usage_report
 from usage import requestlog_admin  # noqa: F401 - registers the request log admin
 from usage.models import HOUR, MINUTE, BudgetEvent, UsageRollup
@@ -39,8 +38,10 @@ class BucketSizeFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
-        return queryset if value not in (str(MINUTE), str(HOUR)) else queryset.filter(
-            resolution=int(value)
+        return (
+            queryset
+            if value not in (str(MINUTE), str(HOUR))
+            else queryset.filter(resolution=int(value))
         )
 
 
@@ -89,15 +90,17 @@ class UsageRollupAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description="bucket", ordering="resolution")
     def span(self, obj: UsageRollup) -> str:
-        return "1 h" if obj.resolution == HOUR else "1 min" if obj.resolution == MINUTE else (
-            f"{obj.resolution} s"
+        return (
+            "1 h"
+            if obj.resolution == HOUR
+            else "1 min"
+            if obj.resolution == MINUTE
+            else (f"{obj.resolution} s")
         )
 
     @admin.display(description="tokens in / cached / out")
     def tokens(self, obj: UsageRollup) -> str:
-        return (
-            f"{obj.input_tokens:,} / {obj.cached_input_tokens:,} / {obj.output_tokens:,}"
-        )
+        return f"{obj.input_tokens:,} / {obj.cached_input_tokens:,} / {obj.output_tokens:,}"
 
     @admin.display(description="cost", ordering="cost_usd")
     def cost(self, obj: UsageRollup) -> str:

@@ -11,14 +11,13 @@ import bisect
 import datetime as dt
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlencode
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.apps import apps
 from django.db.models import Sum
-from django.db.models.functions import TruncDay, TruncHour
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
@@ -163,8 +162,10 @@ def parse_period(
         if first > today:
             raise ReportError("from: the period starts in the future")
         # A period reaching into the future ends now (the chart still shows its days).
-        until = min(now, _midnight(last + dt.timedelta(days=1), zone)) if last >= today else (
-            _midnight(last + dt.timedelta(days=1), zone)
+        until = (
+            min(now, _midnight(last + dt.timedelta(days=1), zone))
+            if last >= today
+            else (_midnight(last + dt.timedelta(days=1), zone))
         )
     since = _midnight(first, zone)
     return Period(
@@ -245,7 +246,6 @@ class Report:
     series: list[Point]
     rollups_url: str
     csv_url: str
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def by_label(self) -> str:
@@ -343,7 +343,9 @@ def build(
         drill = None
         if column is not None:
             value = r.get("keyId") if by == "key" else r.get(by)
-            drill = rollups_url(rollups_base, period, **{column: value or ("0" if by == "key" else "")})
+            drill = rollups_url(
+                rollups_base, period, **{column: value or ("0" if by == "key" else "")}
+            )
         rows.append(_row(label, empty, r, drill))
     rows.sort(key=lambda r: (-r.cost_usd, -r.api_value_usd, -r.requests, r.empty, r.label))
     csv = urlencode(
@@ -375,13 +377,13 @@ def _starts(period: Period) -> list[dt.datetime]:
 
 def spend_series(period: Period) -> list[Point]:
     """Cost, API value and requests per local hour (one day) or local day, zero-filled."""
-    trunc = TruncHour if period.step == "hour" else TruncDay
+    # Grouped by the stored bucket (an index range, no per-row time zone function: SQLite's
+    # is Python code); at most a day of minutes plus the hours before, binned below.
     rows = (
         UsageRollup.objects.filter(bucket__gte=period.since, bucket__lt=period.until)
-        .annotate(at=trunc("bucket", tzinfo=period.zone))
-        .values("at")
+        .values("bucket")
         .annotate(cost=Sum("cost_usd"), api=Sum("api_value_usd"), n=Sum("requests"))
-        .order_by("at")
+        .order_by()
     )
     starts = _starts(period)
     stamps = [s.timestamp() for s in starts]
@@ -389,9 +391,9 @@ def spend_series(period: Period) -> list[Point]:
     api = [0.0] * len(starts)
     requests = [0] * len(starts)
     for row in rows:
-        at = row["at"]
-        if isinstance(at, dt.datetime) and at.tzinfo is None:
-            at = at.replace(tzinfo=period.zone)
+        at = row["bucket"]
+        if at.tzinfo is None:
+            at = at.replace(tzinfo=dt.UTC)
         i = bisect.bisect_right(stamps, at.timestamp()) - 1
         if 0 <= i < len(starts):
             cost[i] += row["cost"] or 0.0
@@ -447,7 +449,9 @@ def spend_chart(series: list[Point], *, with_api_value: bool) -> SafeString:
     for i in range(ticks + 1):
         value = size * i
         y = _TOP + plot_h - plot_h * i / ticks
-        grid.append((f"{y:.1f}", f"{y + 4:.1f}", f"${value:,.2f}" if size < 1 else f"${value:,.0f}"))
+        grid.append(
+            (f"{y:.1f}", f"{y + 4:.1f}", f"${value:,.2f}" if size < 1 else f"${value:,.0f}")
+        )
     gridlines = format_html_join(
         "",
         '<line class="ocx-grid" x1="{}" x2="{}" y1="{}" y2="{}"></line>'

@@ -208,8 +208,7 @@ def test_the_chart_has_one_bar_per_local_day_with_that_days_spend(staff: Client)
     assert "<svg" in html and "Spend per day" in html
     # In New York the 23:30 UTC request of 03-04 is on 03-04 still, and the days start at 05:00Z.
     ny = staff.get(
-        "/admin/usage/usagerollup/?period=custom&from=2026-03-02&to=2026-03-08"
-        "&tz=America/New_York"
+        "/admin/usage/usagerollup/?period=custom&from=2026-03-02&to=2026-03-08&tz=America/New_York"
     ).content.decode()
     steps = re.findall(r'<g class="ocx-step" data-at="([^"]+)" data-cost="([^"]+)">', ny)
     assert steps[0] == ("2026-03-02T05:00:00Z", "1.250000")
@@ -231,9 +230,7 @@ def test_today_is_counted_per_local_hour() -> None:
     series = report.spend_series(period)
     assert len(series) == 24
     assert series[0].label == "00:00"
-    assert [(p.label, p.cost_usd, p.requests) for p in series if p.requests] == [
-        ("09:00", 0.5, 2)
-    ]
+    assert [(p.label, p.cost_usd, p.requests) for p in series if p.requests] == [("09:00", 0.5, 2)]
 
 
 @pytest.mark.parametrize(
@@ -307,9 +304,20 @@ def test_staff_only() -> None:
     assert client.get("/admin/usage/usagerollup/rollups/").status_code == 302
 
 
-def test_team_is_offered_exactly_when_the_selectors_accept_it() -> None:
+def test_team_is_offered_exactly_when_the_selectors_accept_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from usage import selectors
 
-    offered = report.groupings()
-    assert list(offered)[:1] == ["user"]
-    assert ("team" in offered) == ("team" in selectors.GROUPS)
+    def accepts(names: set[str]) -> None:
+        def parse_by(value: str | None) -> tuple[str, ...]:
+            if value not in names:
+                raise selectors.UsageQueryError(f"by: unknown dimension {value!r}")
+            return (value,)
+
+        monkeypatch.setattr(selectors, "parse_by", parse_by)
+
+    accepts({"user", "key", "model", "combo", "target"})
+    assert list(report.groupings()) == ["user", "key", "model", "combo", "target"]
+    accepts({"user", "team", "key", "model", "combo", "target"})
+    assert list(report.groupings()) == ["user", "team", "key", "model", "combo", "target"]
