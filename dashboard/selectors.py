@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+from zoneinfo import ZoneInfo
 
 from django.db import connection
 from django.db.models import CharField, F, Sum
@@ -21,6 +22,7 @@ from dashboard.models import RoutingEvent
 from quota import windows as qw
 from quota.models import QuotaTransition
 from usage.models import MINUTE, RequestLog, UsageRollup
+from usage.selectors import usage_rows
 
 RangeName = Literal["1h", "24h", "7d"]
 # Range → (length in seconds, chart step in seconds).
@@ -308,3 +310,71 @@ def recent_events(limit: int = 50) -> list[EventRow]:
     ]
     rows.sort(key=lambda r: r.at, reverse=True)
     return rows[:limit]
+
+
+# -- Spend ----------------------------------------------------------------------------------
+
+TOP_SPENDERS = 5
+
+
+@dataclass(frozen=True)
+class Spender:
+    user: str
+    cost_usd: float
+    api_value_usd: float
+    requests: int
+
+
+@dataclass(frozen=True)
+class Spend:
+    zone: str
+    today_usd: float
+    today_api_value_usd: float
+    today_requests: int
+    month_usd: float
+    month_api_value_usd: float
+    month_requests: int
+    month_unpriced: int
+    top: tuple[Spender, ...]  # this month, by cost (then API value), at most TOP_SPENDERS
+
+    @property
+    def shows_api_value(self) -> bool:
+        """Some of this month's requests ran on a subscription (API value ≠ cost)."""
+        return abs(self.month_api_value_usd - self.month_usd) >= 0.005
+
+
+_SPEND = ("requests", "cost_usd", "api_value_usd", "unpriced_requests")
+
+
+def spend(*, now: dt.datetime, zone: str) -> Spend:
+    """Cost today and this month (calendar days in `zone`) and the users who spent the most
+    this month, from the rollups (one grouped scan of the month)."""
+    tz = ZoneInfo(zone)
+    local = now.astimezone(tz)
+    midnight = local.replace(hour=0, minute=0, second=0, microsecond=0).astimezone(dt.UTC)
+    first = local.replace(day=1, hour=0, minute=0, second=0, microsecond=0).astimezone(dt.UTC)
+    month = usage_rows(since=first, until=now, group=("user",), counters=_SPEND)
+    today = usage_rows(since=midnight, until=now, counters=_SPEND)[0]
+    ranked = sorted(
+        (r for r in month if r["cost_usd"] or r["api_value_usd"]),
+        key=lambda r: (-r["cost_usd"], -r["api_value_usd"], -r["requests"], r["user"]),
+    )
+    return Spend(
+        zone=zone,
+        today_usd=float(today["cost_usd"]),
+        today_api_value_usd=float(today["api_value_usd"]),
+        today_requests=int(today["requests"]),
+        month_usd=float(sum(r["cost_usd"] for r in month)),
+        month_api_value_usd=float(sum(r["api_value_usd"] for r in month)),
+        month_requests=int(sum(r["requests"] for r in month)),
+        month_unpriced=int(sum(r["unpriced_requests"] for r in month)),
+        top=tuple(
+            Spender(
+                user=r["user"] or "(no user)",
+                cost_usd=float(r["cost_usd"]),
+                api_value_usd=float(r["api_value_usd"]),
+                requests=int(r["requests"]),
+            )
+            for r in ranked[:TOP_SPENDERS]
+        ),
+    )

@@ -6,6 +6,8 @@ import time
 from typing import Any
 
 from django import template
+from django.conf import settings
+from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from combos import live
@@ -19,6 +21,7 @@ from combos.status import (
 )
 from combos.times import time_html, until_html
 from dashboard import selectors
+from usage.report import usd
 
 register = template.Library()
 NOTES = {
@@ -63,6 +66,7 @@ def ocx_dashboard(context: template.Context) -> dict[str, Any]:
         "events": selectors.recent_events(30),
         "charts": selectors.charts(selectors.DEFAULT_RANGE),
         "ranges": list(selectors.RANGES),
+        "spend": selectors.spend(now=timezone.now(), zone=settings.OCX_TIME_ZONE),
         "request": context.get("request"),
     }
 
@@ -75,6 +79,12 @@ def routing_events(limit: int = 200) -> dict[str, Any]:
 @register.filter
 def local_time(value: Any) -> SafeString | str:
     return "" if value is None else time_html(value)
+
+
+@register.filter
+def dollars(value: float) -> str:
+    """USD with cents ("$1,234.50"; "< $0.01" for a fraction of a cent)."""
+    return usd(value)
 
 
 @register.filter

@@ -10,6 +10,7 @@ import json
 import re
 import time
 from html.parser import HTMLParser
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -26,7 +27,7 @@ from quota.models import QuotaTransition
 from quota.tracker import Record
 from routing.state import ComboState
 from usage import services as usage_services
-from usage.models import RequestLog
+from usage.models import RequestLog, UsageRollup
 from usage.requestlog import RequestEntry, write_entries
 
 pytestmark = pytest.mark.django_db
@@ -347,6 +348,7 @@ def test_no_page_references_an_external_host(staff: Client) -> None:
         "/admin/providers/provider/",
         "/admin/usage/requestlog/",
         "/admin/usage/usagerollup/",
+        "/admin/usage/usagerollup/rollups/",
         "/api/docs",
     ]
     for url in pages:
@@ -358,3 +360,58 @@ def test_no_page_references_an_external_host(staff: Client) -> None:
     assert "/static/ninja/swagger-ui-bundle.js" in docs
     assert staff.get("/static/ninja/swagger-ui-bundle.js").status_code == 200
     assert staff.get("/static/ocx/vendor/chart-4.5.1.umd.min.js").status_code == 200
+
+
+def _spent(at: dt.datetime, user: str, cost: float, api: float, n: int = 1, **kw: int) -> None:
+    UsageRollup.objects.create(
+        bucket=at, user=user, requests=n, cost_usd=cost, api_value_usd=api, **kw
+    )
+
+
+def test_spend_today_this_month_and_top_spenders_in_the_configured_zone() -> None:
+    utc = dt.UTC
+    now = dt.datetime(2026, 3, 4, 3, 0, tzinfo=utc)  # 2026-03-03 22:00 in New York
+    _spent(dt.datetime(2026, 3, 4, 2, 0, tzinfo=utc), "ann", 1.25, 1.25)  # NY today
+    _spent(dt.datetime(2026, 3, 3, 6, 0, tzinfo=utc), "ben", 0.0, 4.0, n=3)  # NY today (01:00)
+    _spent(dt.datetime(2026, 3, 3, 4, 0, tzinfo=utc), "cat", 2.0, 2.0)  # NY yesterday
+    _spent(dt.datetime(2026, 3, 1, 5, 0, tzinfo=utc), "dan", 0.5, 0.5)  # NY 03-01 00:00
+    _spent(dt.datetime(2026, 3, 1, 4, 59, tzinfo=utc), "eve", 50.0, 50.0)  # NY February
+    _spent(dt.datetime(2026, 3, 2, 0, 0, tzinfo=utc), "", 0.0, 0.0, unpriced_requests=1)
+    for i, name in enumerate(("fay", "gus", "hal")):
+        _spent(dt.datetime(2026, 3, 2, 12, i, tzinfo=utc), name, 0.01 * (i + 1), 0.01 * (i + 1))
+    s = selectors.spend(now=now, zone="America/New_York")
+    assert (s.today_usd, s.today_api_value_usd, s.today_requests) == (1.25, 5.25, 4)
+    assert (round(s.month_usd, 6), round(s.month_api_value_usd, 6)) == (3.81, 7.81)
+    assert (s.month_requests, s.month_unpriced) == (10, 1)
+    assert [(t.user, t.cost_usd, t.api_value_usd) for t in s.top] == [
+        ("cat", 2.0, 2.0),
+        ("ann", 1.25, 1.25),
+        ("dan", 0.5, 0.5),
+        ("hal", 0.03, 0.03),
+        ("gus", 0.02, 0.02),
+    ]
+    # In UTC, eve's request is in March and ben's on 03-03 is yesterday.
+    s = selectors.spend(now=now, zone="UTC")
+    assert (s.today_usd, s.today_requests) == (1.25, 1)
+    assert s.top[0].user == "eve"
+
+
+def test_the_dashboard_shows_the_spend(staff: Client, settings: Any) -> None:
+    settings.OCX_TIME_ZONE = "UTC"
+    now = dt.datetime.now(dt.UTC)
+    _spent(now - dt.timedelta(seconds=5), "ann", 1234.5, 1234.5, n=2)
+    _spent(now - dt.timedelta(seconds=5), "ben", 0.0, 3.0)
+    html = staff.get("/admin/").content.decode()
+    spend = html.split('id="ocx-spend"', 1)[1].split("</section>", 1)[0]
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", spend))
+    assert "Today $1,234.50 3 requests · $1,237.50 at API prices" in text
+    assert "Days and months in UTC" in text
+    assert "User Cost API value Requests ann $1,234.50 $1,234.50 2 ben $0.00 $3.00 1" in text
+    assert "/admin/usage/usagerollup/?period=month&amp;by=user" in spend
+
+
+def test_the_dashboard_spend_without_any(staff: Client) -> None:
+    html = staff.get("/admin/").content.decode()
+    spend = html.split('id="ocx-spend"', 1)[1].split("</section>", 1)[0]
+    assert "No spend yet this month." in spend
+    assert "$0.00" in spend and "API value" not in spend

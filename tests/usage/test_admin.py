@@ -1,5 +1,6 @@
-"""The usage page in the admin: rollup rows and CSV export links that the staff session can
-follow to `/api/usage?format=csv`."""
+"""The usage rollups in the admin (the usage report's per-minute drill-down): rollup rows and
+CSV export links that the staff session can follow to `/api/usage?format=csv`. The report
+itself: tests/usage/test_report.py."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def test_admin_usage_page_links_csv_for_the_session() -> None:
     staff = get_user_model().objects.create_superuser("root", "root@example.com", "pw-123456789")
     client = Client()
     client.force_login(staff)
-    page = client.get("/admin/usage/usagerollup/")
+    page = client.get("/admin/usage/usagerollup/rollups/")
     assert page.status_code == 200
     html = page.content.decode()
     assert 'href="/api/usage?format=csv&amp;by=user&amp;since=7d"' in html
@@ -55,3 +56,4 @@ def test_admin_usage_page_links_csv_for_the_session() -> None:
     other.force_login(plain)
     assert other.get("/api/usage?format=csv").status_code == 403
     assert other.get("/admin/usage/usagerollup/").status_code == 302
+    assert other.get("/admin/usage/usagerollup/rollups/").status_code == 302
