@@ -9,18 +9,19 @@ import hashlib
 import secrets
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import make_password
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import AbstractBaseUser, Group
 from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.db.models import Prefetch, Q, QuerySet
 from django.utils import timezone
 
-from accounts.models import ClientKey, ManagementToken, UserBudget
+from accounts.models import ClientKey, ManagementToken, TeamProfile, UserBudget
 from providers.services import keys_bump
-from usage.budgets import ScopedBudget, scoped_budgets
+from usage.budgets import ScopedBudget, scoped_budgets, stored_budgets
 
 CLIENT_PREFIX = "ocx_"
 MGMT_PREFIX = "ocxm_"
@@ -45,6 +46,21 @@ class KeyInfo:
     user_id: int = 0
     # False: the owner is deactivated (the proxy answers 401 user_inactive, not "invalid key").
     user_active: bool = True
+    # (team name, its allowedModels) of each team of the owner that narrows models.
+    team_models: tuple[tuple[str, frozenset[str]], ...] = ()
+
+
+def model_refusal(key: KeyInfo, model: str) -> str | None:
+    """Why `key` may not use `model` (the 403 model_not_allowed message), or None.
+
+    The key's own list, when it has one, must name the model exactly; so must the list of every
+    team of its user that has one (an intersection: a team narrows, never widens)."""
+    if key.allowed_models and model not in key.allowed_models:
+        return f"This key may not use model {model}"
+    for team, allowed in key.team_models:
+        if model not in allowed:
+            return f"This key may not use model {model} (team {team} does not allow it)"
+    return None
 
 
 class KeyOwnerError(Exception):
@@ -158,12 +174,44 @@ def client_keys_active(
             user=k.user.get_username(),
             allowed_models=frozenset(k.allowed_models or ()),
             rpm_limit=k.rpm_limit,
-            budgets=scoped_budgets(k),
+            budgets=scoped_budgets(k) + team_budgets(k.user),
             user_id=k.user_id,
             user_active=k.user.is_active,
+            team_models=team_models(k.user),
         )
-        for k in rows.select_related("user", "user__ocx_budget")
+        for k in rows.select_related("user", "user__ocx_budget").prefetch_related(
+            Prefetch("user__groups", queryset=Group.objects.select_related("ocx_team"))
+        )
     }
+
+
+def _teams(user: Any) -> list[tuple[Group, TeamProfile]]:
+    """The user's teams that carry settings, by name (`user__groups` prefetched with their
+    `ocx_team`)."""
+    out = []
+    for group in sorted(user.groups.all(), key=lambda g: g.name):
+        try:
+            out.append((group, group.ocx_team))
+        except TeamProfile.DoesNotExist:
+            continue
+    return out
+
+
+def team_budgets(user: Any) -> tuple[ScopedBudget, ...]:
+    """Every budget of every team of `user`, kept in the team's counters (`t<group id>`)."""
+    return tuple(
+        ScopedBudget("team", f"t{group.pk}", f"team {group.name}", b)
+        for group, profile in _teams(user)
+        for b in stored_budgets(profile.budgets)
+    )
+
+
+def team_models(user: Any) -> tuple[tuple[str, frozenset[str]], ...]:
+    return tuple(
+        (group.name, frozenset(profile.allowed_models))
+        for group, profile in _teams(user)
+        if profile.allowed_models
+    )
 
 
 def mgmt_token_create(*, username: str, name: str = "") -> tuple[ManagementToken, str]:

@@ -135,3 +135,7 @@ class ManagementTokenAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def revoke(self, request: HttpRequest, queryset: QuerySet[ManagementToken]) -> None:
         count = queryset.filter(revoked__isnull=True).update(revoked=timezone.now())
         self.message_user(request, f"Revoked {count} token(s).", messages.SUCCESS)
+
+
+# The Teams page (its own module; imported here so that the admin's autodiscovery finds it).
+from accounts import team_admin  # noqa: E402, F401

@@ -66,9 +66,9 @@ Budget = TokenBudget | WindowBudget
 class ScopedBudget:
     """A budget as the proxy holds it: whose it is and the counter it is kept in."""
 
-    kind: Literal["key", "user"]
-    scope: str  # counter namespace: "k<key id>" or "u<user id>"
-    owner: str  # for messages: "key ocx_AbCdEf…" or "user alice"
+    kind: Literal["key", "user", "team"]
+    scope: str  # counter namespace: "k<key id>", "u<user id>" or "t<group id>"
+    owner: str  # for messages: "key ocx_AbCdEf…", "user alice" or "team infra"
     budget: Budget
 
 
