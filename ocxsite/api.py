@@ -100,7 +100,10 @@ def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
 @api.exception_handler(ValidationError)
 def on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
     first = exc.errors[0] if exc.errors else {}
-    where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
+    loc = list(first.get("loc", ()))
+    if loc[:2] == ["body", "payload"]:
+        loc = loc[2:]  # the view's parameter name, not a field of the body
+    where = ".".join(str(p) for p in loc if p not in ("body", "query", "path"))
     message = f"{where}: {first.get('msg', 'invalid input')}" if where else "invalid input"
     return api.create_response(request, error_body(message), status=400)
 
