@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import make_password
-from django.contrib.auth.models import AbstractBaseUser, Group
+from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
-from django.db.models import Prefetch, Q, QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from accounts.models import ClientKey, ManagementToken, TeamProfile, UserBudget
@@ -167,6 +166,8 @@ def client_keys_active(
         rows = rows.filter(user__is_active=True)
     if not every:
         rows = rows.filter(Q(pk__in=list(key_ids)) | Q(user_id__in=list(user_ids)))
+    keys = list(rows.select_related("user", "user__ocx_budget"))
+    teams = teams_by_user(None if every else {k.user_id for k in keys})
     return {
         k.digest: KeyInfo(
             id=k.pk,
@@ -174,44 +175,45 @@ def client_keys_active(
             user=k.user.get_username(),
             allowed_models=frozenset(k.allowed_models or ()),
             rpm_limit=k.rpm_limit,
-            budgets=scoped_budgets(k) + team_budgets(k.user),
+            budgets=scoped_budgets(k) + team_budgets(teams.get(k.user_id, ())),
             user_id=k.user_id,
             user_active=k.user.is_active,
-            team_models=team_models(k.user),
+            team_models=team_models(teams.get(k.user_id, ())),
         )
-        for k in rows.select_related("user", "user__ocx_budget").prefetch_related(
-            Prefetch("user__groups", queryset=Group.objects.select_related("ocx_team"))
-        )
+        for k in keys
     }
 
 
-def _teams(user: Any) -> list[tuple[Group, TeamProfile]]:
-    """The user's teams that carry settings, by name (`user__groups` prefetched with their
-    `ocx_team`)."""
-    out = []
-    for group in sorted(user.groups.all(), key=lambda g: g.name):
-        try:
-            out.append((group, group.ocx_team))
-        except TeamProfile.DoesNotExist:
-            continue
+def teams_by_user(user_ids: Collection[int] | None) -> dict[int, list[TeamProfile]]:
+    """user pk → the profiles (with their group) of the user's teams, by team name; all users
+    when `user_ids` is None. Two queries whatever the number of keys: the teams, then the
+    memberships of those teams (no list of every user id in a query)."""
+    profiles = {p.group_id: p for p in TeamProfile.objects.select_related("group")}
+    if not profiles:
+        return {}
+    memberships = get_user_model().groups.through.objects.filter(group_id__in=list(profiles))
+    if user_ids is not None:
+        memberships = memberships.filter(user_id__in=list(user_ids))
+    out: dict[int, list[TeamProfile]] = {}
+    for user_id, group_id in memberships.values_list("user_id", "group_id"):
+        out.setdefault(user_id, []).append(profiles[group_id])
+    for teams in out.values():
+        teams.sort(key=lambda p: p.group.name)
     return out
 
 
-def team_budgets(user: Any) -> tuple[ScopedBudget, ...]:
-    """Every budget of every team of `user`, kept in the team's counters (`t<group id>`)."""
+def team_budgets(teams: Iterable[TeamProfile]) -> tuple[ScopedBudget, ...]:
+    """Every budget of every team given, kept in the team's counters (`t<group id>`)."""
     return tuple(
-        ScopedBudget("team", f"t{group.pk}", f"team {group.name}", b)
-        for group, profile in _teams(user)
-        for b in stored_budgets(profile.budgets)
+        ScopedBudget("team", f"t{p.group_id}", f"team {p.group.name}", b)
+        for p in teams
+        for b in stored_budgets(p.budgets)
     )
 
 
-def team_models(user: Any) -> tuple[tuple[str, frozenset[str]], ...]:
-    return tuple(
-        (group.name, frozenset(profile.allowed_models))
-        for group, profile in _teams(user)
-        if profile.allowed_models
-    )
+def team_models(teams: Iterable[TeamProfile]) -> tuple[tuple[str, frozenset[str]], ...]:
+    """(team name, allowed models) of each team given that narrows models."""
+    return tuple((p.group.name, frozenset(p.allowed_models)) for p in teams if p.allowed_models)
 
 
 def mgmt_token_create(*, username: str, name: str = "") -> tuple[ManagementToken, str]:

@@ -14,6 +14,8 @@ from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 from accounts import key_services, team_services
 from accounts.models import Team, TeamProfile
@@ -25,6 +27,16 @@ BUDGETS_HELP = (
     '(day, week or month) and/or {"windowPercent": 30, "provider": "NAME"}. [] for none. '
     "Every team of a user applies to every key of that user."
 )
+
+
+class Picker(FilteredSelectMultiple):
+    """The two-box picker, wrapped as the admin wraps its relation widgets: without the wrapper
+    its script puts the boxes before the field's label."""
+
+    def render(self, *args: Any, **kwargs: Any) -> SafeString:
+        return format_html(
+            '<div class="related-widget-wrapper">{}</div>', super().render(*args, **kwargs)
+        )
 
 
 def _model_choices(stored: list[str]) -> list[tuple[str, str]]:
@@ -41,12 +53,12 @@ class TeamForm(forms.ModelForm):  # type: ignore[type-arg]
     members = forms.ModelMultipleChoiceField(
         queryset=get_user_model().objects.order_by("username"),
         required=False,
-        widget=FilteredSelectMultiple("members", is_stacked=False),
+        widget=Picker("members", is_stacked=False),
     )
     budgets = forms.JSONField(required=False, initial=list, help_text=BUDGETS_HELP)
     allowed_models = forms.MultipleChoiceField(
         required=False,
-        widget=FilteredSelectMultiple("allowed models", is_stacked=False),
+        widget=Picker("allowed models", is_stacked=False),
         help_text="None chosen: members' keys may use any model their key allows. Otherwise a "
         "request's model must be one of these and allowed by the key's own list.",
     )
