@@ -402,3 +402,40 @@ def test_admin_delete_goes_through_the_service(api: Api) -> None:
     assert r.status_code == 302
     assert not Group.objects.exists()
     assert keys_version() == version + 1
+
+
+def test_a_group_made_elsewhere_is_a_team_and_can_be_changed(api: Api) -> None:
+    Group.objects.create(name="Legacy Group")  # e.g. made in a shell, before teams existed
+    r = api.put({"name": "Legacy Group", "team": {"members": ["ann"]}})
+    assert r.status_code == 200, r.content
+    assert r.json()["team"]["members"] == ["ann"]
+    # A new team must follow the name rule.
+    assert api.put({"name": "New Group", "team": {}}).status_code == 400
+
+
+def test_membership_set_on_the_users_admin_page_reaches_the_key_map(api: Api) -> None:
+    root = get_user_model().objects.create_superuser("root", "root@example.com", "pw-123456789")
+    client = Client()
+    client.force_login(root)
+    api.put({"name": "infra", "team": {"budgets": [{"tokens": 7, "period": "day"}]}})
+    access.client_key_create(username="ben")
+    ben = get_user_model().objects.get(username="ben")
+    infra = Group.objects.get(name="infra")
+    version = keys_version()
+    r = client.post(
+        f"/admin/auth/user/{ben.pk}/change/",
+        {
+            "username": "ben",
+            "is_active": "on",
+            "groups": [infra.pk],
+            "date_joined_0": "2026-01-01",
+            "date_joined_1": "00:00:00",
+            "initial-date_joined_0": "2026-01-01",
+            "initial-date_joined_1": "00:00:00",
+        },
+    )
+    assert r.status_code == 302, r.content.decode()[:3000]
+    # The user's save names ben; the workers read his keys after the groups were written.
+    assert keys_version() == version + 1
+    [info] = access.client_keys_active(user_ids=[ben.pk], every=False).values()
+    assert [sb.owner for sb in info.budgets] == ["team infra"]
