@@ -29,8 +29,8 @@ ocx team set NAME [--member USER]... [--add-member USER]... [--remove-member USE
 EPILOG = """\
 examples:
   ocx team set infra --member ann --member ben --budget tokens=2M/month --allowed-model combo/team
-  ocx team set infra --add-member carl         # members, budgets and models given replace;
-  ocx team set infra --budget none             # what is not given stays as it is
+  ocx team set infra --add-member carl         # adds carl; what is not given stays as it is
+  ocx team set infra --budget none             # removes the team's budgets
   ocx team set infra --allowed-model none      # no narrowing of models
   ocx team list
   ocx team show infra
