@@ -22,6 +22,7 @@ from tests.usage.test_budgets_e2e import (
     new_key,
     refused_body,
     setup_provider,
+    wait_for_output,
 )
 
 
@@ -61,6 +62,9 @@ def test_team_budget_is_shared_by_its_members_and_named_in_the_429(
         assert r.headers["x-ocx-budget-limit"] == "250"
         assert r.headers["x-ocx-budget-remaining"] == "0"
     assert mock.hits("tm") == 3  # refused requests reached no upstream
+    # The 80 % and 100 % events name the team.
+    assert "(300 of 250)" in wait_for_output(server, f"budget 100%: team {team} has used 100%")
+    wait_for_output(server, f"budget 80%: team {team} has used 80%")
     # A user outside the team is not held by its budget.
     assert ask(server.http, "tb/tm", cy_h).status_code == 200
 
