@@ -10,7 +10,7 @@ import datetime as dt
 import hashlib
 import math
 import secrets
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -21,9 +21,9 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from accounts.models import ClientKey, ManagementToken, UserBudget
+from accounts.models import ClientKey, ManagementToken, TeamProfile, UserBudget
 from providers.services import keys_bump
-from usage.budgets import ScopedBudget, scoped_budgets
+from usage.budgets import ScopedBudget, scoped_budgets, stored_budgets
 
 CLIENT_PREFIX = "ocx_"
 MGMT_PREFIX = "ocxm_"
@@ -53,6 +53,21 @@ class KeyInfo:
     expires_at: float = math.inf
     # True: this entry is the previous secret of a rotated key (the message says so).
     previous: bool = False
+    # (team name, its allowedModels) of each team of the owner that narrows models.
+    team_models: tuple[tuple[str, frozenset[str]], ...] = ()
+
+
+def model_refusal(key: KeyInfo, model: str) -> str | None:
+    """Why `key` may not use `model` (the 403 model_not_allowed message), or None.
+
+    The key's own list, when it has one, must name the model exactly; so must the list of every
+    team of its user that has one (an intersection: a team narrows, never widens)."""
+    if key.allowed_models and model not in key.allowed_models:
+        return f"This key may not use model {model}"
+    for team, allowed in key.team_models:
+        if model not in allowed:
+            return f"This key may not use model {model} (team {team} does not allow it)"
+    return None
 
 
 class KeyOwnerError(Exception):
@@ -189,8 +204,10 @@ def client_keys_active(
         rows = rows.filter(user__is_active=True)
     if not every:
         rows = rows.filter(Q(pk__in=list(key_ids)) | Q(user_id__in=list(user_ids)))
+    keys = list(rows.select_related("user", "user__ocx_budget"))
+    teams = teams_by_user(None if every else {k.user_id for k in keys})
     out: dict[str, KeyInfo] = {}
-    for k in rows.select_related("user", "user__ocx_budget"):
+    for k in keys:
         expires_at = k.expires.timestamp() if k.expires is not None else math.inf
         info = KeyInfo(
             id=k.pk,
@@ -198,10 +215,11 @@ def client_keys_active(
             user=k.user.get_username(),
             allowed_models=frozenset(k.allowed_models or ()),
             rpm_limit=k.rpm_limit,
-            budgets=scoped_budgets(k),
+            budgets=scoped_budgets(k) + team_budgets(teams.get(k.user_id, ())),
             user_id=k.user_id,
             user_active=k.user.is_active,
             expires_at=expires_at,
+            team_models=team_models(teams.get(k.user_id, ())),
         )
         out[k.digest] = info
         if k.previous_digest and k.previous_until is not None:
@@ -209,6 +227,38 @@ def client_keys_active(
             grace_end = min(k.previous_until.timestamp(), expires_at)
             out[k.previous_digest] = dataclasses.replace(info, expires_at=grace_end, previous=True)
     return out
+
+
+def teams_by_user(user_ids: Collection[int] | None) -> dict[int, list[TeamProfile]]:
+    """user pk → the profiles (with their group) of the user's teams, by team name; all users
+    when `user_ids` is None. Two queries whatever the number of keys: the teams, then the
+    memberships of those teams (no list of every user id in a query)."""
+    profiles = {p.group_id: p for p in TeamProfile.objects.select_related("group")}
+    if not profiles:
+        return {}
+    memberships = get_user_model().groups.through.objects.filter(group_id__in=list(profiles))
+    if user_ids is not None:
+        memberships = memberships.filter(user_id__in=list(user_ids))
+    out: dict[int, list[TeamProfile]] = {}
+    for user_id, group_id in memberships.values_list("user_id", "group_id"):
+        out.setdefault(user_id, []).append(profiles[group_id])
+    for teams in out.values():
+        teams.sort(key=lambda p: p.group.name)
+    return out
+
+
+def team_budgets(teams: Iterable[TeamProfile]) -> tuple[ScopedBudget, ...]:
+    """Every budget of every team given, kept in the team's counters (`t<group id>`)."""
+    return tuple(
+        ScopedBudget("team", f"t{p.group_id}", f"team {p.group.name}", b)
+        for p in teams
+        for b in stored_budgets(p.budgets)
+    )
+
+
+def team_models(teams: Iterable[TeamProfile]) -> tuple[tuple[str, frozenset[str]], ...]:
+    """(team name, allowed models) of each team given that narrows models."""
+    return tuple((p.group.name, frozenset(p.allowed_models)) for p in teams if p.allowed_models)
 
 
 def mgmt_token_create(*, username: str, name: str = "") -> tuple[ManagementToken, str]:

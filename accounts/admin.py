@@ -241,3 +241,7 @@ class ManagementTokenAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 def _grace_text(grace: dt.timedelta) -> str:
     seconds = int(grace.total_seconds())
     return dict(GRACE_CHOICES).get(seconds, f"{seconds} s").split(":")[0]
+
+
+# The Teams page (its own module; imported here so that the admin's autodiscovery finds it).
+from accounts import team_admin  # noqa: E402, F401

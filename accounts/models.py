@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.auth.models import Group
 from django.db import models
 
 from usage.budgets import validate_budgets
@@ -69,3 +70,31 @@ class ManagementToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.user})"
+
+
+class TeamProfile(models.Model):
+    """What ocx adds to a Django group (a team): budgets shared by its members, and the models
+    its members' keys are narrowed to. Members are the group's users (`user.groups`)."""
+
+    group = models.OneToOneField(Group, models.CASCADE, related_name="ocx_team")
+    # Same shapes as ClientKey.budgets (usage.budgets); every team of a user applies.
+    budgets = models.JSONField(default=list, blank=True, validators=[validate_budgets])
+    # [] = no narrowing; else a member's request must name one of these (and pass its key's).
+    allowed_models = models.JSONField(default=list, blank=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ("group__name",)
+
+    def __str__(self) -> str:
+        return f"team {self.group.name}"
+
+
+class Team(Group):
+    """A Django group seen as an ocx team (the admin's "Teams"); no table of its own."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "team"
+        verbose_name_plural = "teams"
+        ordering = ("name",)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from django.conf import settings
 
 from accounts import expiry
-from accounts.access import CLIENT_PREFIX, KeyInfo, digest
+from accounts.access import CLIENT_PREFIX, KeyInfo, digest, model_refusal
 from combos.selectors import credential_for
 from combos.shaping import (
     ENCRYPTED_TASK_CODE,
@@ -377,8 +377,10 @@ class ProxyApp:
             snapshot = await self.runtime.ready()
             key = self._authenticate(headers)
             listing = models_list(snapshot)
-            if key.allowed_models:
-                listing["data"] = [m for m in listing["data"] if m["id"] in key.allowed_models]
+            if key.allowed_models or key.team_models:
+                listing["data"] = [
+                    m for m in listing["data"] if model_refusal(key, m["id"]) is None
+                ]
             await exchange.respond(200, json.dumps(listing).encode())
             return
         inbound = ENDPOINTS.get(path)
@@ -424,10 +426,9 @@ class ProxyApp:
             raise HTTPFailure(
                 400, "invalid_request_error", "invalid_type", "stream must be a boolean"
             )
-        if key.allowed_models and model not in key.allowed_models:
-            raise HTTPFailure(
-                403, "permission_error", "model_not_allowed", f"This key may not use model {model}"
-            )
+        refusal = model_refusal(key, model) if key.allowed_models or key.team_models else None
+        if refusal is not None:
+            raise HTTPFailure(403, "permission_error", "model_not_allowed", refusal)
         # Watch for the client going away while we work: it cancels the upstream at once.
         task = asyncio.current_task()
         assert task is not None

@@ -100,7 +100,10 @@ def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
 @api.exception_handler(ValidationError)
 def on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
     first = exc.errors[0] if exc.errors else {}
-    where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
+    loc = list(first.get("loc", ()))
+    if loc[:2] == ["body", "payload"]:
+        loc = loc[2:]  # the view's parameter name, not a field of the body
+    where = ".".join(str(p) for p in loc if p not in ("body", "query", "path"))
     message = f"{where}: {first.get('msg', 'invalid input')}" if where else "invalid input"
     return api.create_response(request, error_body(message), status=400)
 
@@ -137,6 +140,7 @@ def on_data_error(request: HttpRequest, exc: DataError) -> HttpResponse:
 
 def _mount() -> None:
     from accounts.keys_api import router as keys_router
+    from accounts.teams_api import router as teams_router
     from combos.api import router as combos_router
     from combos.catalog_api import router as catalog_router
     from providers.api import router as providers_router
@@ -146,6 +150,7 @@ def _mount() -> None:
     api.add_router("/combos", combos_router)
     api.add_router("/providers", providers_router)
     api.add_router("/keys", keys_router)
+    api.add_router("/teams", teams_router)
     api.add_router("/catalog", catalog_router)
     api.add_router("/usage", usage_router)
     api.add_router("", ops_router)

@@ -9,6 +9,7 @@ COMMANDS = {
     "combo",
     "provider",
     "key",
+    "team",
     "config",
     "catalog",
     "status",
@@ -26,13 +27,14 @@ commands:
   combo list|show|set|remove|mode ...   (also: ocx route combo ...)
   provider list|show|add|set|remove ...   (add NAME --preset openai|anthropic|chatgpt|...)
   key create --user U|list|revoke ID
+  team set NAME [--member U]... [--budget SPEC]... [--allowed-model M]...|list|show NAME|remove NAME
   token create --user U [--name N]|list|revoke ID   (management tokens of staff users)
   user create NAME [--staff] [--password-stdin]|list|deactivate NAME
   doctor [--probe] [--json] [--host H]  (checks the setup; non-zero exit on a failure)
   config load FILE [--replace]|dump
   catalog write PATH|show
   status [combo]
-  usage [--by user|key|combo|target|model[,…]] [--since 7d] [--until T] [--json|--csv]
+  usage [--by user|team|key|combo|target|model[,…]] [--since 7d] [--until T] [--json|--csv]
 
 Run `ocx <command> --help` (or `ocx help <command>`) for its options and examples.
 """
@@ -134,6 +136,7 @@ _READ_ONLY = {
     "usage": None,
     "key": {"list"},
     "user": {"list"},
+    "team": {"list", "show"},
     "combo": {"list", "show"},
     "provider": {"list", "show"},
     "catalog": {"show", "write"},
@@ -149,8 +152,8 @@ def _reads_only(command: str, rest: list[str]) -> bool:
     if subs is None:
         return True
     sub = next((a for a in rest if not a.startswith("-")), None)
-    # `ocx key`, `ocx user`, `ocx combo` and `ocx provider` alone list.
-    return sub in subs or (sub is None and command in ("key", "user", "combo", "provider"))
+    # `ocx key`, `ocx user`, `ocx team`, `ocx combo` and `ocx provider` alone list.
+    return sub in subs or (sub is None and command in ("key", "user", "team", "combo", "provider"))
 
 
 def _wants_help(rest: list[str]) -> bool:

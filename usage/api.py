@@ -1,4 +1,4 @@
-"""`GET /api/usage`: token usage per user, key, combo, target or model over a time range."""
+"""`GET /api/usage`: token usage per user, team, key, combo, target or model over a time range."""
 
 from __future__ import annotations
 

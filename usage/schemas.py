@@ -25,7 +25,7 @@ class UsageReportOut(Schema):
     since: str
     until: str
     by: list[str]
-    # Each row: the grouping values (`user`, `key` + `keyId`, `combo`, `target`, `model`,
+    # Each row: the grouping values (`user`, `team`, `key` + `keyId`, `combo`, `target`, `model`,
     # `status`; `at` when bucketed) and the UsageTotals counters.
     rows: list[dict[str, Any]]
     totals: UsageTotals

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from django.contrib.auth import get_user_model
 from django.db.models import Sum
 from django.db.models.functions import TruncDay, TruncHour, TruncMinute
 
@@ -19,6 +20,8 @@ from usage.models import COUNTERS, UsageRollup
 # Public grouping name → rollup columns.
 GROUPS: dict[str, tuple[str, ...]] = {
     "user": ("user",),
+    # Read per user, then counted for each team the user is in now (`_teams_of_users`).
+    "team": ("user",),
     "key": ("key_id", "key_prefix"),
     "combo": ("combo",),
     "target": ("target",),
@@ -41,6 +44,8 @@ REPORTED = {
 MONEY = frozenset({"costUsd", "apiValueUsd"})
 USD_DIGITS = 6
 MAX_GROUPS = 2
+# The `team` of requests whose user is in no team (a team name never has a parenthesis).
+NO_TEAM = "(no team)"
 Bucket = Literal["minute", "hour", "day"]
 _TRUNC = {"minute": TruncMinute, "hour": TruncHour, "day": TruncDay}
 _RELATIVE = re.compile(r"^(\d{1,6})([mhdw])$")
@@ -136,28 +141,45 @@ def usage_rows(
 
 
 def usage_report(query: UsageQuery) -> dict[str, Any]:
-    """The `/api/usage` body: rows per group (camelCase counters) and the totals."""
-    columns = [c for name in query.by for c in GROUPS[name]]
+    """The `/api/usage` body: rows per group (camelCase counters) and the totals.
+
+    `by=team` counts a request for each team its user is in at the time of the report (so the
+    rows of a user in two teams add up to more than the totals), and requests of users in no
+    team (and of no user) under `(no team)`. The totals count every request once."""
+    columns = list(dict.fromkeys(c for name in query.by for c in GROUPS[name]))
     counters = list(REPORTED.values())
     raw = usage_rows(
         since=query.since, until=query.until, group=columns, bucket=query.bucket, counters=counters
     )
+    teams = _teams_of_users() if "team" in query.by else None
     rows: list[dict[str, Any]] = []
+    merged: dict[tuple[Any, ...], dict[str, Any]] = {}
     totals = dict.fromkeys(REPORTED, 0)
     for r in raw if columns or query.bucket else []:
-        row: dict[str, Any] = {}
-        for name in query.by:
-            if name == "key":
-                row["key"] = r["key_prefix"] or None
-                row["keyId"] = r["key_id"] or None
-            else:
-                row[name] = r[GROUPS[name][0]] or None
-        if query.bucket is not None:
-            row["at"] = _iso(r["at"])
         for out, column in REPORTED.items():
-            row[out] = _value(out, r[column])
             totals[out] += r[column]
-        rows.append(row)
+        user_teams = (teams.get(r["user"]) or [NO_TEAM]) if teams is not None else [None]
+        for team in user_teams:
+            row: dict[str, Any] = {}
+            for name in query.by:
+                if name == "key":
+                    row["key"] = r["key_prefix"] or None
+                    row["keyId"] = r["key_id"] or None
+                elif name == "team":
+                    row["team"] = team
+                else:
+                    row[name] = r[GROUPS[name][0]] or None
+            if query.bucket is not None:
+                row["at"] = _iso(r["at"])
+            if teams is None:
+                rows.append({**row, **{out: r[c] for out, c in REPORTED.items()}})
+                continue
+            same = merged.setdefault(tuple(row.values()), {**row, **dict.fromkeys(REPORTED, 0)})
+            for out, column in REPORTED.items():
+                same[out] += r[column]
+    if teams is not None:
+        rows = sorted(merged.values(), key=lambda row: _order(row, query))
+    rows = [{k: _value(k, v) if k in REPORTED else v for k, v in row.items()} for row in rows]
     if not rows and not columns and not query.bucket:
         totals = {out: raw[0][column] for out, column in REPORTED.items()}
     totals = {out: _value(out, value) for out, value in totals.items()}
@@ -168,6 +190,28 @@ def usage_report(query: UsageQuery) -> dict[str, Any]:
         "rows": rows,
         "totals": totals,
     }
+
+
+def _teams_of_users() -> dict[str, list[str]]:
+    """username → the names of the teams (Django groups) the user is in now, sorted."""
+    out: dict[str, list[str]] = {}
+    pairs = (
+        get_user_model()
+        .objects.filter(groups__isnull=False)
+        .values_list("username", "groups__name")
+        .order_by("groups__name")
+    )
+    for username, team in pairs:
+        out.setdefault(username, []).append(team)
+    return out
+
+
+def _order(row: dict[str, Any], query: UsageQuery) -> tuple[Any, ...]:
+    keys = [k for name in query.by for k in (("keyId",) if name == "key" else (name,))]
+    if query.bucket is not None:
+        keys.append("at")
+    # Within one column the values share a type (None sorts last).
+    return tuple((row[k] is None, row[k] if row[k] is not None else 0) for k in keys)
 
 
 def _value(name: str, value: Any) -> Any:

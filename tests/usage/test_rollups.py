@@ -189,7 +189,7 @@ def test_parse_time_and_query_errors() -> None:
     assert (q.by, q.since, q.until) == (("user", "model"), now - dt.timedelta(days=1), now)
     for kwargs, message in (
         ({"by": "user,user"}, "by: one or two different dimensions"),
-        ({"by": "team"}, "by: unknown dimension 'team'"),
+        ({"by": "teams"}, "by: unknown dimension 'teams'"),
         ({"since": "7x"}, "since: expected an ISO 8601 time"),
         ({"until": "2020-01-01"}, "since must be before until"),
         ({"bucket": "week"}, "bucket: use minute, hour or day"),

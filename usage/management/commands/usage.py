@@ -16,18 +16,19 @@ EPILOG = """\
 examples:
   ocx usage                                   # per user, the last 24 hours
   ocx usage --by user,model --since 7d
+  ocx usage --by team --since 30d             # a request counts for each team of its user
   ocx usage --by combo --since 2026-11-01T00:00:00Z --until 2026-12-01T00:00:00Z --csv
   ocx usage --by key --since 30d --json
 """
 
 
 class Command(ExamplesCommand):
-    help = "Token usage and cost per user, key, combo, target or model over a time range."
+    help = "Token usage and cost per user, team, key, combo, target or model over a time range."
     examples = EPILOG
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--by", default="user", help="one or two of user,key,combo,target,model"
+            "--by", default="user", help="one or two of user,team,key,combo,target,model,status"
         )
         parser.add_argument("--since", default="24h", help="ISO 8601 time or 1h, 24h, 7d, 30d")
         parser.add_argument("--until", default=None)
