@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TypeVar
 
-from django.db.models import Q
-
 from accounts import access
 from accounts.access import KeyInfo
 from combos import selectors
+from combos.models import ComboTarget
 from providers.models import Provider
 from providers.services import Change
 from routing.types import ComboSpec, ConfigSnapshot, ProviderSpec
@@ -84,14 +83,18 @@ def read_config(base: ConfigSnapshot, changes: tuple[Change, ...]) -> ConfigPatc
             c.id for c in base.combos.values() if any(t.provider in names for t in c.targets)
         )
     providers: dict[str, ProviderSpec | None] = dict.fromkeys(names)
-    for p in Provider.objects.filter(name__in=names).prefetch_related("models"):
-        providers[p.name] = selectors.provider_spec(p)
+    if names:
+        for p in Provider.objects.filter(name__in=names).prefetch_related("models"):
+            providers[p.name] = selectors.provider_spec(p)
+        # A provider write: also the combos over it as stored now (a renamed provider's).
+        combo_ids.update(
+            ComboTarget.objects.filter(provider__name__in=names).values_list(
+                "combo__combo_id", flat=True
+            )
+        )
     combos: dict[str, ComboSpec | None] = dict.fromkeys(combo_ids)
-    rows = selectors.combo_queryset().filter(
-        Q(combo_id__in=combo_ids) | Q(targets__provider__name__in=names)
-    )
-    for c in rows.distinct():
-        combos[c.combo_id] = selectors.combo_spec(c)
+    for c, targets in selectors.combos_with_targets(combo_ids):
+        combos[c.combo_id] = selectors.combo_spec(c, targets)
     return ConfigPatch(base, providers, combos)
 
 

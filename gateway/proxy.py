@@ -61,7 +61,7 @@ from routing.recall import lane_of, snapshot_liveness
 from routing.state import ComboState
 from routing.types import ComboSpec, ConfigSnapshot, TargetSpec
 from routing.validate import Resolution, resolve_model
-from server import lifecycle, metrics
+from server import body_limits, lifecycle, metrics
 from server.http_errors import HOST_NOT_ALLOWED, HostGate
 from usage.budget_gate import Refusal
 from usage.requestlog import RequestEntry, new_request_id
@@ -341,7 +341,7 @@ class ProxyApp:
             if method != "GET":
                 raise HTTPFailure(405, "invalid_request_error", "method_not_allowed", "Use GET")
             snapshot = await self.runtime.ready()
-            key = self._authenticate(headers)
+            key = self._authenticate(headers, scope.get(body_limits.KEY_SCOPE))
             listing = models_list(snapshot)
             if key.allowed_models:
                 listing["data"] = [m for m in listing["data"] if m["id"] in key.allowed_models]
@@ -354,7 +354,7 @@ class ProxyApp:
             raise HTTPFailure(405, "invalid_request_error", "method_not_allowed", "Use POST")
         exchange.logged = True
         snapshot = await self.runtime.ready()
-        key = self._authenticate(headers)
+        key = self._authenticate(headers, scope.get(body_limits.KEY_SCOPE))
         entry = exchange.entry
         entry.key_prefix, entry.user, entry.key_id = key.prefix, key.user, key.id
         if key.rpm_limit is not None:
@@ -441,13 +441,20 @@ class ProxyApp:
         except Exception:  # noqa: BLE001 - the answer is complete; only the count is lost
             log.exception("could not count request %s against its budgets", exchange.request_id)
 
-    def _authenticate(self, headers: Mapping[str, str]) -> KeyInfo:
+    def _authenticate(
+        self, headers: Mapping[str, str], checked: body_limits.KnownKey | None = None
+    ) -> KeyInfo:
+        """The request's key; `checked`: the key the server's body limit already hashed (the
+        same token: its digest is reused, one SHA-256 per request)."""
         token = headers.get("x-ocx-key", "")
         if not token:
             scheme, _, value = headers.get("authorization", "").partition(" ")
             if scheme.lower() == "bearer" and value.strip().startswith(CLIENT_PREFIX):
                 token = value.strip()
-        info = self.runtime.keys.get(digest(token)) if token.startswith(CLIENT_PREFIX) else None
+        info = None
+        if token.startswith(CLIENT_PREFIX):
+            found = checked.digest if checked is not None and checked.token == token else None
+            info = self.runtime.keys.get(found or digest(token))
         if info is None:
             raise HTTPFailure(
                 401,
