@@ -342,7 +342,17 @@ def point(
     if profile and t.name.startswith("ocx"):
         # py-spy (pip install py-spy): collapsed stacks of the (first) worker, sampled.
         spy = subprocess.Popen(
-            ["py-spy", "record", "-p", str(t.workers()[0]), "-f", "raw", "-r", "100"]
+            [
+                "py-spy",
+                "record",
+                "--nonblocking",
+                "-p",
+                str(t.workers()[0]),
+                "-f",
+                "raw",
+                "-r",
+                "100",
+            ]
             + ["-o", f"{profile}-{t.name}-{streams}.txt"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

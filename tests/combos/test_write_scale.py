@@ -39,9 +39,7 @@ def make_combos(start: int, count: int) -> None:
 
 def write_queries(combo_id: str, model: str) -> list[str]:
     with CaptureQueriesContext(connection) as ctx:
-        services.combo_set(
-            combo_id=combo_id, raw={"targets": [{"provider": "p", "model": model}]}
-        )
+        services.combo_set(combo_id=combo_id, raw={"targets": [{"provider": "p", "model": model}]})
     return [q["sql"] for q in ctx.captured_queries]
 
 

@@ -247,9 +247,7 @@ def test_a_v1_body_within_the_unauthenticated_limit_is_not_checked_against_the_k
     from server import body_limits
 
     secret = "ocx_known-key"
-    reads = _counting_key_map(
-        monkeypatch, {hashlib.sha256(secret.encode()).hexdigest(): object()}
-    )
+    reads = _counting_key_map(monkeypatch, {hashlib.sha256(secret.encode()).hexdigest(): object()})
     limits = body_limits.Limits(proxy=32_000, api=1_000, other=256_000, unauthenticated=64)
     known = [(b"authorization", f"Bearer {secret}".encode())]
     unknown = [(b"authorization", b"Bearer ocx_unknown")]
