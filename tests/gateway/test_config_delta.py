@@ -209,3 +209,47 @@ def test_notices_carry_the_delta_and_malformed_deltas_mean_reload() -> None:
     ):
         got = confignotify.decode(f'{{"configVersion": 1, "keysVersion": 2, "delta": {bad}}}')
         assert got == confignotify.Notice(1, 2, None, None)
+
+
+def test_a_key_patch_replaces_the_entries_of_its_keys_and_users_by_index() -> None:
+    import random
+
+    from accounts.access import KeyInfo
+    from gateway.config_delta import KeyMap, KeysPatch, patched_keys
+
+    def info(key_id: int, user_id: int) -> KeyInfo:
+        return KeyInfo(
+            id=key_id,
+            prefix="ocx_x",
+            user=f"u{user_id}",
+            allowed_models=frozenset(),
+            rpm_limit=None,
+            user_id=user_id,
+        )
+
+    rng = random.Random(7)
+    plain = {f"d{i}": info(i, i % 13) for i in range(300)}
+    current: dict[str, KeyInfo] = KeyMap(plain)
+    for _ in range(200):
+        key_ids = frozenset(rng.sample(range(320), rng.randint(0, 3)))
+        user_ids = frozenset(rng.sample(range(15), rng.randint(0, 1)))
+        fresh = {f"d{i}": info(i, rng.randrange(15)) for i in key_ids if rng.random() < 0.6}
+        patch = KeysPatch(key_ids, user_ids, fresh)
+        # What a patch means: without every entry of those keys and users, plus the fresh ones.
+        expected = {
+            d: v for d, v in current.items() if v.id not in key_ids and v.user_id not in user_ids
+        }
+        expected.update(fresh)
+        before = dict(current)
+        patched = patched_keys(current, patch)
+        assert patched == expected
+        assert dict(current) == before  # the map served until now is left as it was
+        assert patched is not current
+        # Its indexes agree with its entries (a fresh index of the same entries).
+        rebuilt = KeyMap(patched)
+        assert patched.by_id == rebuilt.by_id and patched.by_user == rebuilt.by_user
+        current = patched
+    # A plain mapping (not indexed) is patched the same way.
+    assert patched_keys(plain, KeysPatch(frozenset({1}), frozenset(), {})) == {
+        d: v for d, v in plain.items() if v.id != 1
+    }
