@@ -239,11 +239,10 @@ def test_daphne_reads_twisted_http_without_the_deprecation_proxy(
     import types
 
     from daphne import http_protocol
+    from daphne.server import Server
     from twisted.python.deprecate import _ModuleProxy
 
     from server import daphne_main
-
-    from daphne.server import Server
 
     monkeypatch.setattr(http_protocol, "http", http_protocol.http)
     for cls, name in (
