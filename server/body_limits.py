@@ -4,7 +4,8 @@ Every HTTP request has a body limit from its path: the proxy (`/v1/`, `OCX_PROXY
 management API (`/api/`, `OCX_API_MAX_BODY`), the health and metrics endpoints (`SMALL_MAX_BODY`)
 and everything else, the admin included (`OCX_OTHER_MAX_BODY`). Requests that will be answered
 401 whatever their body get `OCX_UNAUTH_MAX_BODY` instead: on `/v1/` those without a client
-key the worker knows (checked against the proxy's own key map, in memory), on `/api/` those
+key the worker knows (checked against the proxy's own key map, in memory, only for a body past
+that limit; the digest is handed on to the proxy, `KEY_SCOPE`), on `/api/` those
 that present no credential at all (no bearer, no session cookie; a management token is checked
 in the database, which the server's parsing thread must not wait for).
 
