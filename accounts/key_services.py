@@ -30,7 +30,7 @@ def allowed_models_problem(models: Iterable[str]) -> str | None:
     models = list(models)
     if not models:
         return None
-    snapshot = selectors.config_snapshot()
+    snapshot = selectors.config_snapshot_current()
     used = {t.key for c in snapshot.combos.values() for t in c.targets}
     for model in models:
         resolution = resolve_model(model, snapshot)

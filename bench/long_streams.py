@@ -46,20 +46,30 @@ SATURATED = 0.9  # client CPU seconds per wall second at which the client may be
 
 
 class Gaps:
-    """The largest gap between consecutive arrival times (of text events), fed one at a time."""
+    """The largest gap between consecutive arrival times (of text events), fed one at a time;
+    the times are kept for the gap after the opening burst (`steady_gap`)."""
 
-    __slots__ = ("count", "last", "largest")
+    __slots__ = ("count", "last", "largest", "times")
 
     def __init__(self) -> None:
         self.count = 0
         self.last: float | None = None
         self.largest = 0.0
+        self.times: list[float] = []
 
     def see(self, t: float) -> None:
         if self.last is not None:
             self.largest = max(self.largest, t - self.last)
         self.last = t
         self.count += 1
+        self.times.append(t)
+
+
+def steady_gap(times: list[float], settled: float) -> float | None:
+    """The largest gap between consecutive times that starts at or after `settled` (the moment
+    every stream of the point had its first event: the opening burst is over)."""
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False) if a >= settled]
+    return max(gaps) if gaps else None
 
 
 # A text-bearing event, found without parsing JSON so the client stays cheap at 1,024 streams:
@@ -96,6 +106,9 @@ class Stream:
     events: int = 0
     ttft: float | None = None  # to the first text event
     max_gap: float | None = None  # largest gap between consecutive text events
+    # The same after the opening burst (gaps starting once every stream had its first event).
+    steady_gap: float | None = None
+    times: list[float] | None = None  # arrival of each text event (perf_counter, absolute)
     complete: bool = False
     failure: str | None = None  # "http_<status>", "timeout", "connect" or "cut"
 
@@ -124,6 +137,7 @@ def summarize(streams: list[Stream]) -> dict[str, Any]:
             failed[s.failure] = failed.get(s.failure, 0) + 1
     ttft = [s.ttft * 1000 for s in done if s.ttft is not None]
     gaps = [s.max_gap * 1000 for s in done if s.max_gap is not None]
+    steady = [s.steady_gap * 1000 for s in done if s.steady_gap is not None]
 
     def ms(x: float | None) -> float | None:
         return None if x is None else round(x, 1)
@@ -139,6 +153,10 @@ def summarize(streams: list[Stream]) -> dict[str, Any]:
         "gap_p50_ms": ms(percentile(gaps, 50)),
         "gap_p99_ms": ms(percentile(gaps, 99)),
         "gap_max_ms": ms(max(gaps) if gaps else None),
+        # After the opening burst: what a stream sees once every stream is running.
+        "steady_gap_p50_ms": ms(percentile(steady, 50)),
+        "steady_gap_p99_ms": ms(percentile(steady, 99)),
+        "steady_streams": len(steady),
     }
 
 
@@ -220,6 +238,7 @@ async def one_stream(host: str, port: int, request: bytes, api: str, timeout: fl
         if writer is not None:
             writer.close()
     s.max_gap = gaps.largest if gaps.count > 1 else None
+    s.times = gaps.times
     s.failure = failure_kind(s.status, s.complete, error)
     return s
 
@@ -232,7 +251,15 @@ async def client(args: argparse.Namespace) -> dict[str, Any]:
     )
     r1, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - w0
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    firsts = [s.times[0] for s in streams if s.times]
+    settled = max(firsts) if firsts else None
+    if settled is not None:
+        for s in streams:
+            s.steady_gap = steady_gap(s.times or [], settled)
+            s.times = None
     out = summarize(list(streams))
+    # When the last stream had its first event: the opening burst's length.
+    out["settled_ms"] = None if settled is None else round((settled - w0) * 1000, 1)
     out["client"] = {
         "wall_s": round(wall, 2),
         "cpu_s": round(cpu, 2),
@@ -300,6 +327,7 @@ def point(
     timeout: float,
     mock: run.Target,
     uvloop: bool,
+    profile: str | None = None,
 ) -> dict[str, Any]:
     cmd = [run.PY, str(Path(__file__).resolve()), "client", "--url", t.base + run.PATHS[api]]
     cmd += ["--api", api, "--model", t.models[api], "--streams", str(streams)]
@@ -310,8 +338,30 @@ def point(
     mock_pids = mock.pids()
     c0, m0, w0 = run.cpu_seconds(pids), run.cpu_seconds(mock_pids), time.monotonic()
     s0 = run.sched_ns(pids)
+    spy = None
+    if profile and t.name.startswith("ocx"):
+        # py-spy (pip install py-spy): collapsed stacks of the (first) worker, sampled.
+        spy = subprocess.Popen(
+            [
+                "py-spy",
+                "record",
+                "--nonblocking",
+                "-p",
+                str(t.workers()[0]),
+                "-f",
+                "raw",
+                "-r",
+                "100",
+            ]
+            + ["-o", f"{profile}-{t.name}-{streams}.txt"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     with run.RssSampler(t.pids, workers_fn=t.workers) as rss:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 120)
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(timeout=60)
     wall = time.monotonic() - w0
     cpu, mock_cpu = run.cpu_seconds(pids) - c0, run.cpu_seconds(mock_pids) - m0
     s1 = run.sched_ns(pids)
@@ -353,8 +403,9 @@ def report(res: dict[str, Any]) -> str:
         f"## Long streams ({res['stamp']}, {res['config']['api']}, load "
         f"{res['machine']['loadavg_before']} → {res['machine'].get('loadavg_after', '?')})\n",
         "| pace | streams | target | completed | failed | CPU ms/stream | CPU µs/event | "
-        "peak worker RSS MB | TTFT p50 / p99 ms | gap p99 ms | client CPU |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "peak worker RSS MB | TTFT p50 / p99 ms | gap p99 ms | burst over at ms | "
+        "steady gap p50 / p99 ms | client CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, by_t in res["points"].items():
         pace, n = key.split("|")
@@ -368,7 +419,9 @@ def report(res: dict[str, Any]) -> str:
                 f"| {pace} | {n} | {name} | {r['completed']}/{r['streams']} | {failed} | "
                 f"{fmt(r['cpu_ms_per_stream'])} | {fmt(r['cpu_us_per_event'])} | "
                 f"{r['peak_worker_rss_mb']} | {fmt(r['ttft_p50_ms'])} / {fmt(r['ttft_p99_ms'])} | "
-                f"{fmt(r['gap_p99_ms'])} | {c['cpu_util']}{' **saturated**' if c['saturated'] else ''} |"
+                f"{fmt(r['gap_p99_ms'])} | {fmt(r.get('settled_ms'))} | "
+                f"{fmt(r.get('steady_gap_p50_ms'))} / {fmt(r.get('steady_gap_p99_ms'))} | "
+                f"{c['cpu_util']}{' **saturated**' if c['saturated'] else ''} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -406,6 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", default=None, help="default bench/results/long-streams-<stamp>.json")
     p.add_argument("--nice", type=int, default=0, help="niceness (negative needs root)")
+    p.add_argument(
+        "--profile", default=None, help="py-spy each ocx worker per point to PREFIX-*.txt"
+    )
     args = p.parse_args(argv)
     sizes = [int(x) for x in args.streams.split(",")]
     if args.nice:
@@ -494,12 +550,13 @@ def main(argv: list[str] | None = None) -> int:
             res["points"][key] = {}
             for inst in instances:
                 t = inst.target
-                r = point(t, args.api, n, timeout, mock, not args.no_uvloop)
+                r = point(t, args.api, n, timeout, mock, not args.no_uvloop, args.profile)
                 res["points"][key][t.name] = r
                 run.log(
                     f"{key:18s} {t.name:8s} {r.get('completed')}/{n} failed {r.get('failed')} "
                     f"cpu {r.get('cpu_us_per_event')} µs/event  rss {r.get('peak_worker_rss_mb')} MB  "
                     f"ttft p99 {r.get('ttft_p99_ms')}  gap p99 {r.get('gap_p99_ms')}  "
+                    f"steady gap p99 {r.get('steady_gap_p99_ms')}  "
                     f"client {(r.get('client') or {}).get('cpu_util')} {r.get('error', '')[:300]}"
                 )
                 if inst.restart is not None and (r.get("failed") or "error" in r):

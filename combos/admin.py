@@ -238,7 +238,7 @@ class ComboTargetFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
                 p.name: validate.ProviderInfo(name=p.name, disabled=p.disabled)
                 for p in Provider.objects.all()
             },
-            combos=selectors.combos_raw_map(),
+            combos=selectors.combo_aliases(),
             exclude_combo_id=combo.combo_id
             if combo.pk is None
             else Combo.objects.get(pk=combo.pk).combo_id,

@@ -97,21 +97,22 @@ def combo_set(*, combo_id: object, raw: object, rename_from: object = None) -> C
         if not isinstance(raw, Mapping):
             raise ConfigError(COMBO_NOT_OBJECT)
         source_id = rename_from if isinstance(rename_from, str) else combo_id
-        source = selectors.combo_queryset().filter(combo_id=source_id).first()
-        stored = None if source is None else selectors.combo_raw(source)
+        found = selectors.combos_with_targets([source_id])
+        source, stored_targets = found[0] if found else (None, None)
+        stored = None if source is None else selectors.combo_raw(source, stored_targets)
         merged = validate.merge_preserving(stored, raw)
         _raise_issues(
             validate.validate_combo(
                 combo_id,
                 merged,
                 providers=_provider_infos(),
-                combos=selectors.combos_raw_map(),
+                combos=selectors.combo_aliases(),
                 exclude_combo_id=source_id,
                 require_enabled_target=True,
             )
         )
         spec = validate.normalize_combo(combo_id, merged)
-        before = None if source is None else selectors.combo_spec(source)
+        before = None if source is None else selectors.combo_spec(source, stored_targets)
         _write_combo(spec, source)
         if before != spec:
             # Shared (Redis) routing state is reset once here, not by every worker; registered

@@ -65,7 +65,7 @@ from routing.recall import lane_of, snapshot_liveness
 from routing.state import ComboState
 from routing.types import ComboSpec, ConfigSnapshot, TargetSpec
 from routing.validate import Resolution, resolve_model
-from server import lifecycle, metrics
+from server import body_limits, lifecycle, metrics
 from server.http_errors import HOST_NOT_ALLOWED, HostGate
 from usage.budget_gate import Refusal
 from usage.requestlog import RequestEntry, new_request_id
@@ -375,7 +375,7 @@ class ProxyApp:
             if method != "GET":
                 raise HTTPFailure(405, "invalid_request_error", "method_not_allowed", "Use GET")
             snapshot = await self.runtime.ready()
-            key = self._authenticate(headers)
+            key = self._authenticate(headers, scope.get(body_limits.KEY_SCOPE))
             listing = models_list(snapshot)
             if key.allowed_models or key.team_models:
                 listing["data"] = [
@@ -391,7 +391,7 @@ class ProxyApp:
         exchange.logged = True
         snapshot = await self.runtime.ready()
         entry = exchange.entry
-        key = self._authenticate(headers, entry=entry)
+        key = self._authenticate(headers, scope.get(body_limits.KEY_SCOPE), entry=entry)
         if key.rpm_limit is not None:
             await self._limit(key)
         body = await _read_body(receive, settings.OCX_PROXY_MAX_BODY)
@@ -493,17 +493,23 @@ class ProxyApp:
     def _authenticate(
         self,
         headers: Mapping[str, str],
+        checked: body_limits.KnownKey | None = None,
         entry: RequestEntry | None = None,
         clock: Callable[[], float] = time.time,
     ) -> KeyInfo:
-        """The caller's key; an `entry` (the request log's) names its user and key, also when
-        the key is refused as expired or its user as deactivated."""
+        """The caller's key. `checked`: the key the server's body limit already hashed (the same
+        token: its digest is reused, one SHA-256 per request); an `entry` (the request log's)
+        names its user and key, also when the key is refused as expired or its user as
+        deactivated."""
         token = headers.get("x-ocx-key", "")
         if not token:
             scheme, _, value = headers.get("authorization", "").partition(" ")
             if scheme.lower() == "bearer" and value.strip().startswith(CLIENT_PREFIX):
                 token = value.strip()
-        info = self.runtime.keys.get(digest(token)) if token.startswith(CLIENT_PREFIX) else None
+        info = None
+        if token.startswith(CLIENT_PREFIX):
+            found = checked.digest if checked is not None and checked.token == token else None
+            info = self.runtime.keys.get(found or digest(token))
         if info is None:
             raise HTTPFailure(
                 401,

@@ -59,9 +59,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("ocx.runtime")
 
 
-def _proxy_keys() -> dict[str, KeyInfo]:
+def _proxy_keys() -> config_delta.KeyMap:
     # Deactivated users' keys too, marked: their holders get 401 user_inactive, not "invalid".
-    return access.client_keys_active(inactive_users=True)
+    return config_delta.KeyMap(access.client_keys_active(inactive_users=True))
 
 
 def _load() -> tuple[int, ConfigSnapshot, dict[str, KeyInfo]]:

@@ -173,6 +173,9 @@ OCX_USAGE_RETENTION_DAYS = env_int("OCX_USAGE_RETENTION_DAYS", 90, minimum=1)
 OCX_LOG_JSON = env_bool("OCX_LOG_JSON", False)
 # A worker moves its startup heap out of the cyclic collector once it serves (lifecycle).
 OCX_GC_FREEZE = env_bool("OCX_GC_FREEZE", True)
+# A worker's youngest-generation collector threshold (lifecycle.freeze_heap); 0: Python's own
+# (700, 10, 10). Hundreds of long streams otherwise trigger full collections over all of them.
+OCX_GC_YOUNG = env_int("OCX_GC_YOUNG", 20_000, minimum=0)
 OCX_TIME_ZONE = _time_zone()
 # Upstream connections per provider per worker (a provider's `maxConnections` overrides it):
 # a team's hundreds of long streams must never queue behind ocx's own pool.

@@ -4,7 +4,8 @@ Every HTTP request has a body limit from its path: the proxy (`/v1/`, `OCX_PROXY
 management API (`/api/`, `OCX_API_MAX_BODY`), the health and metrics endpoints (`SMALL_MAX_BODY`)
 and everything else, the admin included (`OCX_OTHER_MAX_BODY`). Requests that will be answered
 401 whatever their body get `OCX_UNAUTH_MAX_BODY` instead: on `/v1/` those without a client
-key the worker knows (checked against the proxy's own key map, in memory), on `/api/` those
+key the worker knows (checked against the proxy's own key map, in memory, only for a body past
+that limit; the digest is handed on to the proxy, `KEY_SCOPE`), on `/api/` those
 that present no credential at all (no bearer, no session cookie; a management token is checked
 in the database, which the server's parsing thread must not wait for).
 
@@ -23,6 +24,7 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 Scope = MutableMapping[str, Any]
@@ -60,23 +62,51 @@ class Limits:
             unauthenticated=settings.OCX_UNAUTH_MAX_BODY,
         )
 
-    def for_request(self, path: bytes, headers: Iterable[tuple[bytes, bytes]]) -> int:
+    def for_request(
+        self, path: bytes, headers: Iterable[tuple[bytes, bytes]], needed: int | None = None
+    ) -> int:
         """The body limit of a request to `path` (raw target, query included) with `headers`
-        (lower- or mixed-case names)."""
+        (lower- or mixed-case names); `needed`: see `check`."""
+        return self.check(path, headers, needed)[0]
+
+    def check(
+        self, path: bytes, headers: Iterable[tuple[bytes, bytes]], needed: int | None = None
+    ) -> tuple[int, KnownKey | None]:
+        """The body limit of a request to `path` with `headers`, and the client key whose
+        digest was computed to tell it (for the proxy to reuse: `KEY_SCOPE`).
+
+        `needed`: the body size in question (the declared length, or the bytes counted so
+        far); None: the limit whatever the size. A /v1 request's key is looked up only for a
+        body past the unauthenticated limit: below it every sender gets the same answer, so
+        the returned limit is then the unauthenticated one, exact only for sizes up to it (a
+        chunked body asks again once it passes it)."""
         path = path.split(b"?", 1)[0]
         if path.startswith(b"/v1/"):
-            if not _known_client_key(headers):
-                return min(self.proxy, self.unauthenticated)
-            return self.proxy
+            low = min(self.proxy, self.unauthenticated)
+            if needed is not None and needed <= low:
+                return low, None
+            known, key = _known_client_key(headers)
+            return (self.proxy if known else low), key
         elif path.startswith(b"/api/") or path == b"/api":
             limit = self.api
         elif path in _SMALL_PATHS or path.rstrip(b"/") in _SMALL_PATHS:
-            return min(SMALL_MAX_BODY, self.other)
+            return min(SMALL_MAX_BODY, self.other), None
         else:
-            return self.other
+            return self.other, None
         if not _presents_credential(headers):
-            return min(limit, self.unauthenticated)
-        return limit
+            return min(limit, self.unauthenticated), None
+        return limit, None
+
+
+# Where the server hands the proxy the client key `Limits.check` looked up (a `KnownKey`), so
+# that the key's SHA-256 is computed once per request (the proxy checks the token is the same).
+KEY_SCOPE = "ocx.client_key"
+
+
+@dataclass(frozen=True)
+class KnownKey:
+    token: str  # the `ocx_…` key as the proxy reads it from the headers
+    digest: str  # its SHA-256, hex
 
 
 def _presents_credential(headers: Iterable[tuple[bytes, bytes]]) -> bool:
@@ -89,10 +119,11 @@ def _presents_credential(headers: Iterable[tuple[bytes, bytes]]) -> bool:
     return False
 
 
-def _known_client_key(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+def _known_client_key(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bool, KnownKey | None]:
     """Whether a /v1 request carries a client key this worker's proxy accepts (the same rule
-    and the same key map as `ProxyApp._authenticate`, so the limit and the 401 agree). Before
-    the worker has loaded its key map (its first /v1 request), any `ocx_…` key counts."""
+    and the same key map as `ProxyApp._authenticate`, so the limit and the 401 agree), and the
+    key with its digest when one was computed. Before the worker has loaded its key map (its
+    first /v1 request), any `ocx_…` key counts."""
     token = bearer = b""
     for name, value in headers:
         lowered = name.lower()
@@ -105,12 +136,14 @@ def _known_client_key(headers: Iterable[tuple[bytes, bytes]]) -> bool:
         if scheme.lower() == b"bearer":
             token = rest.strip()
     if not token.startswith(b"ocx_"):
-        return False
+        return False, None
     keys = key_map()
     if keys is None:
-        return True
-    # The key map's digests are of the key's text; an `ocx_` key is ASCII (else: unknown).
-    return hashlib.sha256(token).hexdigest() in keys
+        return True, None
+    if not token.isascii():
+        return False, None  # the map's digests are of the key's text; an `ocx_` key is ASCII
+    key = KnownKey(token.decode("ascii"), hashlib.sha256(token).hexdigest())
+    return key.digest in keys, key
 
 
 # Wired by `ocxsite.asgi` (this module sits below the proxy it guards): the worker's client-key
@@ -206,18 +239,24 @@ class BoundedBody:
             return
         headers = scope["headers"]
         path = scope.get("raw_path") or scope["path"].encode()
-        limit = limits().for_request(path, headers)
         length = declared_length(headers)
+        if (
+            length is None
+            and scope.get("method") in ("GET", "HEAD")
+            and not any(name.lower() == b"transfer-encoding" for name, _ in headers)
+        ):
+            await self.app(scope, receive, send)  # no body at all
+            return
+        # A declared length is the size in question; a chunked body gets the limit whatever
+        # its size.
+        limit, key = limits().check(path, headers, length)
+        if key is not None:
+            scope[KEY_SCOPE] = key  # its digest is computed once per request
         if length is not None:
             if length > limit:
                 await _send_too_large(send, path, limit, receive)
                 return
             await self.app(scope, receive, send)
-            return
-        if scope.get("method") in ("GET", "HEAD") and not any(
-            name.lower() == b"transfer-encoding" for name, _ in headers
-        ):
-            await self.app(scope, receive, send)  # no body at all
             return
         await _Counted(self.app, scope, receive, send, path, limit).run()
 

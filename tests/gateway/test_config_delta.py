@@ -16,9 +16,10 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from accounts import access, key_services
-from accounts.access import digest
+from accounts.access import KeyInfo, digest
 from combos import services as combo_services
 from gateway import confignotify, runtime
+from gateway.config_delta import KeyMap, KeysPatch, patched_keys
 from providers import services as provider_services
 from providers.services import Delta
 from tests.gateway.test_confignotify import REDIS_URL, LoopThread, channel_settings, needs_redis
@@ -209,3 +210,69 @@ def test_notices_carry_the_delta_and_malformed_deltas_mean_reload() -> None:
     ):
         got = confignotify.decode(f'{{"configVersion": 1, "keysVersion": 2, "delta": {bad}}}')
         assert got == confignotify.Notice(1, 2, None, None)
+
+
+def test_a_key_patch_replaces_the_entries_of_its_keys_and_users_by_index() -> None:
+    import random
+
+    def info(key_id: int, user_id: int) -> KeyInfo:
+        return KeyInfo(
+            id=key_id,
+            prefix="ocx_x",
+            user=f"u{user_id}",
+            allowed_models=frozenset(),
+            rpm_limit=None,
+            user_id=user_id,
+        )
+
+    rng = random.Random(7)
+    plain = {f"d{i}": info(i, i % 13) for i in range(300)}
+    current: dict[str, KeyInfo] = KeyMap(plain)
+    for _ in range(200):
+        key_ids = frozenset(rng.sample(range(320), rng.randint(0, 3)))
+        user_ids = frozenset(rng.sample(range(15), rng.randint(0, 1)))
+        fresh = {f"d{i}": info(i, rng.randrange(15)) for i in key_ids if rng.random() < 0.6}
+        # A rotated key: its previous secret is a second entry with the same id.
+        fresh.update(
+            {
+                f"p{i}": info(i, fresh[f"d{i}"].user_id)
+                for i in key_ids
+                if f"d{i}" in fresh and rng.random() < 0.5
+            }
+        )
+        patch = KeysPatch(key_ids, user_ids, fresh)
+        # What a patch means: without every entry of those keys and users, plus the fresh ones.
+        expected = {
+            d: v for d, v in current.items() if v.id not in key_ids and v.user_id not in user_ids
+        }
+        expected.update(fresh)
+        before = dict(current)
+        patched = patched_keys(current, patch)
+        assert patched == expected
+        assert dict(current) == before  # the map served until now is left as it was
+        assert patched is not current
+        # Its indexes agree with its entries (a fresh index of the same entries).
+        rebuilt = KeyMap(patched)
+        assert patched.by_id == rebuilt.by_id and patched.by_user == rebuilt.by_user
+        current = patched
+    # A plain mapping (not indexed) is patched the same way.
+    assert patched_keys(plain, KeysPatch(frozenset({1}), frozenset(), {})) == {
+        d: v for d, v in plain.items() if v.id != 1
+    }
+
+
+def test_a_revoked_rotated_key_loses_both_secrets() -> None:
+    """A rotated key holds two entries (new secret, previous one in its grace): a write of that
+    key (revoke, rotate again) drops both, whichever the index met first."""
+    current = KeyInfo(id=5, prefix="ocx_n", user="u", allowed_models=frozenset(), rpm_limit=None)
+    previous = KeyInfo(
+        id=5, prefix="ocx_n", user="u", allowed_models=frozenset(), rpm_limit=None, previous=True
+    )
+    other = KeyInfo(id=6, prefix="ocx_o", user="u", allowed_models=frozenset(), rpm_limit=None)
+    for order in (("new", "old"), ("old", "new")):
+        entries = {"old": previous, "new": current, "six": other}
+        keys = KeyMap({d: entries[d] for d in (*order, "six")})
+        assert keys.by_id[5] == {"new", "old"}
+        revoked = patched_keys(keys, KeysPatch(frozenset({5}), frozenset(), {}))
+        assert dict(revoked) == {"six": other}
+        assert 5 not in revoked.by_id

@@ -203,3 +203,102 @@ def test_limit_of_a_path(
     monkeypatch.setattr(body_limits, "key_map", lambda: None)
     limits = body_limits.Limits(proxy=32_000, api=1_000, other=256_000, unauthenticated=64)
     assert limits.for_request(path, headers) == limit
+
+
+def test_a_body_between_the_limits_with_a_known_key_is_served(bounded_server: Server) -> None:
+    # 100 KiB: past the unauthenticated limit, within the proxy's. The worker hashes the key
+    # for the limit and hands the digest to the proxy, which must find the same key with it.
+    key = bounded_server.create_key()
+    body = json.dumps({"model": "no-such-model", "input": "x" * (100 * 1024)})
+    r = bounded_server.http.post(
+        "/v1/responses",
+        content=body,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    assert r.status_code not in (401, 413), r.text  # authenticated, not bounded
+    assert r.json()["error"]["code"] == "model_not_found"
+    # The same body without a known key is refused, from its headers.
+    status, _, answer = declared(bounded_server, "/v1/responses", {"Authorization": "Bearer eyJ"})
+    assert status == 413
+    assert json.loads(answer)["error"]["message"] == f"Request body exceeds {64 * 1024} bytes"
+
+
+# --- one SHA-256 of the client key per request (issue #24 review) ----------------------------
+
+
+def _counting_key_map(monkeypatch: pytest.MonkeyPatch, keys: dict[str, object]) -> list[int]:
+    from server import body_limits
+
+    reads: list[int] = []
+
+    def key_map() -> dict[str, object]:
+        reads.append(1)
+        return keys
+
+    monkeypatch.setattr(body_limits, "key_map", key_map)
+    return reads
+
+
+def test_a_v1_body_within_the_unauthenticated_limit_is_not_checked_against_the_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import hashlib
+
+    from server import body_limits
+
+    secret = "ocx_known-key"
+    reads = _counting_key_map(monkeypatch, {hashlib.sha256(secret.encode()).hexdigest(): object()})
+    limits = body_limits.Limits(proxy=32_000, api=1_000, other=256_000, unauthenticated=64)
+    known = [(b"authorization", f"Bearer {secret}".encode())]
+    unknown = [(b"authorization", b"Bearer ocx_unknown")]
+    # Up to the unauthenticated limit every sender gets the same answer: no lookup, no hash.
+    for headers in (known, unknown, []):
+        assert limits.check(b"/v1/responses", headers, 64) == (64, None)
+        assert limits.check(b"/v1/responses", headers, 0) == (64, None)
+    assert reads == []
+    # Past it the key is looked up, and the lookup is handed on with its digest.
+    limit, key = limits.check(b"/v1/responses", known, 65)
+    assert limit == 32_000
+    assert key == body_limits.KnownKey(secret, hashlib.sha256(secret.encode()).hexdigest())
+    # An unknown key past it: still refused at the unauthenticated limit.
+    limit, key = limits.check(b"/v1/responses", unknown, 65)
+    assert limit == 64
+    assert key is not None and key.token == "ocx_unknown"
+    assert limits.check(b"/v1/responses", [], 65) == (64, None)
+    # A chunked body (no size yet): the limit whatever its size.
+    assert limits.check(b"/v1/responses", known, None)[0] == 32_000
+    assert limits.check(b"/v1/responses", unknown, None)[0] == 64
+    assert len(reads) == 4
+
+
+def test_the_proxy_reuses_the_digest_of_the_key_the_body_limit_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import hashlib
+
+    from accounts.access import KeyInfo
+    from gateway import proxy
+    from server import body_limits
+
+    secret = "ocx_known-key"
+    info = KeyInfo(id=1, prefix=secret[:10], user="u", allowed_models=frozenset(), rpm_limit=None)
+    runtime = type("R", (), {"keys": {hashlib.sha256(secret.encode()).hexdigest(): info}})()
+    app = proxy.ProxyApp(runtime=runtime)  # type: ignore[arg-type]
+    hashed: list[str] = []
+    original = proxy.digest
+
+    def counted(token: str) -> str:
+        hashed.append(token)
+        return original(token)
+
+    monkeypatch.setattr(proxy, "digest", counted)
+    headers = {"authorization": f"Bearer {secret}"}
+    checked = body_limits.KnownKey(secret, hashlib.sha256(secret.encode()).hexdigest())
+    assert app._authenticate(headers, checked) is info
+    assert hashed == []
+    # Without it (a small body), or for another token, the proxy hashes the key itself.
+    assert app._authenticate(headers) is info
+    assert app._authenticate(headers, body_limits.KnownKey("ocx_other", "0" * 64)) is info
+    assert hashed == [secret, secret]
+    with pytest.raises(proxy.HTTPFailure):
+        app._authenticate({"authorization": "Bearer ocx_other"}, checked)

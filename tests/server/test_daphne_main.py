@@ -84,6 +84,7 @@ def test_twisted_formats_no_access_log_line(monkeypatch: pytest.MonkeyPatch) -> 
     from server import daphne_main
 
     # install() patches Daphne's classes for the worker; undo it for the rest of this process.
+    monkeypatch.setattr(http_protocol, "http", http_protocol.http)
     for cls, name in (
         (http_protocol.WebRequest, "process"),
         (http_protocol.WebRequest, "__init__"),
@@ -230,3 +231,31 @@ def test_a_closing_connection_keeps_twisteds_queued_path() -> None:
     finally:
         conn.socket.close()
         peer.close()
+
+
+def test_daphne_reads_twisted_http_without_the_deprecation_proxy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import types
+
+    from daphne import http_protocol
+    from daphne.server import Server
+    from twisted.python.deprecate import _ModuleProxy
+
+    from server import daphne_main
+
+    monkeypatch.setattr(http_protocol, "http", http_protocol.http)
+    for cls, name in (
+        (http_protocol.WebRequest, "process"),
+        (http_protocol.WebRequest, "__init__"),
+        (http_protocol.HTTPFactory, "log"),
+        (Server, "create_application"),
+    ):
+        monkeypatch.setattr(cls, name, getattr(cls, name))
+    assert isinstance(http_protocol.http, _ModuleProxy)  # as Twisted ships it
+    daphne_main.install()
+    assert type(http_protocol.http) is types.ModuleType
+    # The same classes: Daphne's `http.Request.write(self, …)` is Twisted's.
+    assert http_protocol.http.Request is http.Request
+    assert http_protocol.http.HTTPFactory is http.HTTPFactory
+    assert isinstance(http, _ModuleProxy)  # everyone else's reference is left as it was

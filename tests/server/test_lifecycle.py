@@ -33,3 +33,23 @@ def test_freeze_can_be_turned_off(unfrozen: None) -> None:
     assert lifecycle.freeze_heap() is False
     assert gc.get_freeze_count() == 0
     assert metrics.FROZEN_OBJECTS._value.get() == 0  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def thresholds() -> Iterator[None]:
+    saved = gc.get_threshold()
+    yield
+    gc.set_threshold(*saved)
+
+
+@override_settings(OCX_GC_FREEZE=False, OCX_GC_YOUNG=20_000)
+def test_a_serving_worker_collects_its_young_objects_less_often(thresholds: None) -> None:
+    lifecycle.freeze_heap()
+    assert gc.get_threshold() == (20_000, 20, 10)
+
+
+@override_settings(OCX_GC_FREEZE=False, OCX_GC_YOUNG=0)
+def test_gc_young_0_keeps_pythons_thresholds(thresholds: None) -> None:
+    gc.set_threshold(1, 1, 1)
+    lifecycle.freeze_heap()
+    assert gc.get_threshold() == (700, 10, 10)
