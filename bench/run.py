@@ -312,6 +312,9 @@ BARE = {"daphne": "ocx-bare", "uvicorn": "ocx-uvicorn"}
 LEAN_ENV = {"OCX_REQUEST_LOG": "0", "OCX_USAGE": "0"}
 # A budget that is checked and charged on every request but never reached.
 BENCH_BUDGET = {"tokens": 10**15, "period": "day"}
+# ocx-full also charges dollars (issue 27): a priced model, a key and a team dollar budget.
+BENCH_USD_BUDGET = {"usd": 10**9, "period": "month"}
+BENCH_PRICE = {"inputPerMTok": 1.25, "cachedInputPerMTok": 0.125, "outputPerMTok": 10}
 
 
 def start_ocx(
@@ -356,6 +359,7 @@ def start_ocx(
                     "adapter": adapter,
                     "baseUrl": f"{mock_base}/v1",
                     "apiKey": UPSTREAM_KEY,
+                    **({"models": {"m": {"price": BENCH_PRICE}}} if budget else {}),
                 },
             },
             a,
@@ -371,12 +375,15 @@ def start_ocx(
         assert st == 200, body
     key_body: dict[str, Any] = {"user": "bench"}
     if budget:
-        key_body["budget"] = BENCH_BUDGET
+        key_body["budgets"] = [BENCH_BUDGET, BENCH_USD_BUDGET]
     st, body = http("POST", f"{base}/api/keys", key_body, a)
     assert st in (200, 201), body
     if budget:
         st, ub = http("PUT", f"{base}/api/keys/user-budgets/bench", {"budget": BENCH_BUDGET}, a)
         assert st == 200, ub
+        team = {"members": ["bench"], "budgets": [BENCH_USD_BUDGET]}
+        st, tb = http("PUT", f"{base}/api/teams", {"name": "bench", "team": team}, a)
+        assert st == 200, tb
     target = Target(
         name, base, proc.pid, body["key"], {"chat": "combo/bench", "responses": "combo/bench-r"}
     )
@@ -891,8 +898,9 @@ def features() -> dict[str, Any]:
         "ocx-lean": "as ocx-bare with OCX_REQUEST_LOG=0 OCX_USAGE=0",
         "ocx-prod": "REDIS_URL (routing, quota and budget state in Redis); request log and usage "
         "on; no budget",
-        "ocx-full": f"ocx-prod plus a key budget and a user budget ({BENCH_BUDGET}) checked "
-        "before and charged after every request in Redis",
+        "ocx-full": f"ocx-prod plus a key budget and a user budget ({BENCH_BUDGET}), a key "
+        f"and a team dollar budget ({BENCH_USD_BUDGET}) on a priced model ({BENCH_PRICE}): "
+        "checked before and charged (tokens and cost) after every request in Redis",
         "ocx-w2": "ocx-prod with --workers 2",
     }
 
@@ -1010,7 +1018,9 @@ def main(argv: list[str] | None = None) -> int:
         log("starting ocx prod (1 worker, REDIS_URL)")
         targets.append(start_ocx("ocx-prod", mock_base, redis=True))
         if args.variants:
-            log("starting ocx-full (ocx-prod plus a key and a user budget, charged in Redis)")
+            log(
+                "starting ocx-full (ocx-prod plus key, user and team budgets in tokens and dollars)"
+            )
             targets.append(start_ocx("ocx-full", mock_base, redis=True, budget=True))
     else:
         log(f"Redis at {REDIS_URL} not answering: no production path, no --workers 2")

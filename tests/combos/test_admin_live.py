@@ -34,13 +34,15 @@ def staff() -> Client:
 
 
 @pytest.fixture
-def live_state() -> Iterator[tuple[MemoryStateStore, MemoryJsonStore]]:
+def live_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[tuple[MemoryStateStore, MemoryJsonStore]]:
+    # This process's own stores, whatever an earlier test left in the shared runtime.
     runtime = get_runtime()
-    store, quota = runtime.store, runtime.tracker.store
-    assert isinstance(store, MemoryStateStore) and isinstance(quota, MemoryJsonStore)
+    store, quota = MemoryStateStore(), MemoryJsonStore()
+    monkeypatch.setattr(runtime, "store", store)
+    monkeypatch.setattr(runtime.tracker, "store", quota)
     yield store, quota
-    store._states.clear()
-    quota.data.clear()
 
 
 def _providers() -> tuple[Provider, Provider]:
