@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from routing.attempts import AttemptRecord, Outcome, RouteResult
 from routing.classify import Failure, classify
 from routing.rescue import continuation_body, continuation_targets, is_break, prefill_for, seam
 from routing.types import ComboSpec, ProviderSpec, TargetSpec
+
+log = logging.getLogger("ocx.proxy")
 
 Inbound = Literal["responses", "chat"]
 # Responses lifecycle events a continuation's own start sends: the client already had them.
@@ -611,6 +614,10 @@ class Rescue:
                 await task
             except asyncio.CancelledError:
                 pass
+            except Exception as exc:  # noqa: BLE001 - must not hide the error being handled
+                # The client went away while a keep-alive was written: what follows finds out
+                # on its own write.
+                log.info("buffer keep-alive failed: %s", exc)
 
     async def close(self) -> None:
         await self._stop_keepalive()

@@ -193,8 +193,10 @@ class Runtime:
         self, snapshot: ConfigSnapshot, keys: Mapping[str, KeyInfo], keys_version: int
     ) -> None:
         old = self.snapshot
+        new_keys = keys is not self.keys
         self.keys, self.keys_version = keys, keys_version
-        self._budgets_changed()
+        if new_keys:  # a config write keeps the key map: no pass over its budgets
+            self._budgets_changed()
         if old is not None:
             local = isinstance(self.store, _local_state_stores())
             for combo_id, spec in old.combos.items():
@@ -259,6 +261,22 @@ class Runtime:
             self.keys, self.keys_version = keys, keys_version
             self._budgets_changed()
 
+    def _budgets_patched(
+        self, before: Mapping[str, KeyInfo], patch: config_delta.KeysPatch
+    ) -> None:
+        """`_budgets_changed` for a patch: only the patched keys' budgets are looked at (a pass
+        over 10,000 keys' budgets costs a worker ~80 ms)."""
+        if not isinstance(before, config_delta.KeyMap):
+            self._budgets_changed()
+            return
+        digests = {d for k in patch.key_ids for d in before.by_id.get(k, ())}
+        digests |= {d for u in patch.user_ids for d in before.by_user.get(u, ())}
+        old = [sb for d in digests if d in before for sb in before[d].budgets]
+        new = [sb for info in patch.fresh.values() for sb in info.budgets]
+        if self.budgets.replaced(self.keys, old, new):
+            with contextlib.suppress(RuntimeError):  # no running loop: the first request seeds
+                asyncio.get_running_loop().create_task(self.budgets.seed(new, wait=False))
+
     def _budgets_changed(self) -> None:
         """A new key map: its budgets' counters not seeded yet are raised to what was recorded
         this period, in the background (a request with such a budget waits for it)."""
@@ -303,9 +321,10 @@ class Runtime:
         if isinstance(patch, config_delta.KeysPatch):
             if delta.domain != "keys" or self.keys_version != delta.base:
                 return False
-            self.keys = config_delta.patched_keys(self.keys, patch)
+            before = self.keys
+            self.keys = config_delta.patched_keys(before, patch)
             self.keys_version = delta.version
-            self._budgets_changed()
+            self._budgets_patched(before, patch)
         else:
             # The reads were made against the snapshot served: it must still be that one.
             if delta.domain != "config" or self.snapshot is not patch.base:

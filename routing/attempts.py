@@ -157,7 +157,9 @@ async def route(
             outcome, elapsed = await _dispatch_retrying(
                 combo, providers, target, dispatch, result, now=now, sleep=sleep, rng=rng
             )
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, Exception):
+            # The client went, or the dispatch stopped for a reason of its own (a buffered
+            # answer over its bound): the pick's probe lease is handed back either way.
             await store.update(
                 combo.id, st.stamped(combo, revision, _aborted(combo, key, selection.probe))
             )

@@ -23,6 +23,8 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -143,7 +145,14 @@ def _known_client_key(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bool, Kno
     if not token.isascii():
         return False, None  # the map's digests are of the key's text; an `ocx_` key is ASCII
     key = KnownKey(token.decode("ascii"), hashlib.sha256(token).hexdigest())
-    return key.digest in keys, key
+    info = keys.get(key.digest)
+    # A rotated-out, expired or deactivated key gets the 401, so the unauthenticated limit.
+    accepted = (
+        info is not None
+        and getattr(info, "user_active", True)
+        and time.time() < getattr(info, "expires_at", math.inf)
+    )
+    return accepted, key
 
 
 # Wired by `ocxsite.asgi` (this module sits below the proxy it guards): the worker's client-key

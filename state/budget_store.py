@@ -81,14 +81,16 @@ end
 return out
 """
 
-# Seeding (durable budgets): raise each counter to at least the recorded value, never lower it.
+# Seeding (durable budgets): raise each counter to at least the recorded value, never lower it
+# (SET then PEXPIREAT: `SET … PXAT` needs Redis 6.2).
 # KEYS = counters; ARGV = each one's value and expiry (ms), in turn.
 _RAISE_COUNTERS = """
 for i = 1, #KEYS do
   local v = tonumber(ARGV[2 * i - 1])
   local cur = tonumber(redis.call('GET', KEYS[i]) or '0')
   if v > cur then
-    redis.call('SET', KEYS[i], ARGV[2 * i - 1], 'PXAT', ARGV[2 * i])
+    redis.call('SET', KEYS[i], ARGV[2 * i - 1])
+    redis.call('PEXPIREAT', KEYS[i], ARGV[2 * i])
   end
 end
 return 1

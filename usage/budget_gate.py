@@ -164,6 +164,9 @@ class BudgetGate:
         self._seeding: asyncio.Task[None] | None = None
         self._failed_at = -math.inf
         self.seeds = 0  # seed runs done (tests, /metrics-free introspection)
+        # The key map served (set by the runtime): after a flush every key's series is seeded
+        # again, since other workers still count theirs as seeded.
+        self.key_map: Mapping[str, HasBudgets] = {}
 
     def _period(self, period: Period, now_ms: int) -> tuple[str, int, int]:
         cached = self._periods.get(period)
@@ -255,10 +258,27 @@ class BudgetGate:
     def retain(self, keys: Mapping[str, HasBudgets]) -> None:
         """Forget the seeding of series no key has any more (a new map): a budget removed and
         set again later is seeded again, since nothing was charged to it in between."""
+        self.key_map = keys
         live: set[SeedId] = set()
         for info in keys.values():
             live |= self._seed_ids(info.budgets)
         self.seeded &= live
+
+    def replaced(
+        self,
+        keys: Mapping[str, HasBudgets],
+        old: Iterable[ScopedBudget],
+        new: Iterable[ScopedBudget],
+    ) -> bool:
+        """`retain` for a patch of a few keys (no pass over the map): the series only their
+        old entries had are forgotten (one still held by another key is merely seeded again,
+        which only raises); True when a series of their new entries is not seeded yet."""
+        self.key_map = keys
+        if self.recorded is None:
+            return False
+        new_ids = self._seed_ids(new)
+        self.seeded -= self._seed_ids(old) - new_ids
+        return bool(new_ids - self.seeded)
 
     async def seed(
         self,
@@ -328,7 +348,15 @@ class BudgetGate:
         """The shared store lost its counters (a Redis restart or FLUSHALL): seed again."""
         log.warning("budget counters: the shared store was emptied; seeding them again")
         self.seeded.clear()
-        await self.seed(budgets)
+        # Every key's series, not only this request's: the sentinel this seed sets back tells
+        # the other workers nothing, and they still count their series as seeded.
+        every = [sb for info in self.key_map.values() for sb in info.budgets]
+        await self.seed([*budgets, *every])
+
+    def _degraded(self) -> bool:
+        """The shared store is out (its breaker open): a missing sentinel means nothing then."""
+        breaker = getattr(self.store, "breaker", None)
+        return breaker is not None and bool(breaker.open)
 
     # --- admission ------------------------------------------------------------------------------
 
@@ -391,7 +419,7 @@ class BudgetGate:
             now_ms,
         )
         if shared:
-            if not values.pop() and recheck:
+            if not values.pop() and recheck and not self._degraded():
                 await self._flushed(budgets)
                 return await self.admit(budgets, now_ms, recheck=False)
         refusals = self._counter_refusals(counted, values, now_ms)

@@ -238,3 +238,17 @@ def test_a_refused_caller_credential_gives_back_a_probe_lease_only() -> None:
     run(single, store, {A.key: [CALLERS_401]})
     state = asyncio.run(store.get("main"))
     assert state.cooldowns == {A.key: NOW} and state.probes == {}
+
+
+class Overflow(Exception):
+    """A dispatch that stops for a reason of its own (the buffered rescue's size bound)."""
+
+
+def test_a_dispatch_that_stops_with_its_own_error_hands_back_the_probe_lease() -> None:
+    store = CountingStore()
+    asyncio.run(store.update("main", lambda s: (ComboState(cooldowns={A.key: NOW}), None)))
+    with pytest.raises(Overflow):
+        run(combo(), store, {A.key: [Overflow]})
+    state = asyncio.run(store.get("main"))
+    # Not cooled again, nothing noted, and no lease left to block the next prober.
+    assert state.cooldowns == {A.key: NOW} and state.probes == {}

@@ -302,3 +302,39 @@ def test_the_proxy_reuses_the_digest_of_the_key_the_body_limit_checked(
     assert hashed == [secret, secret]
     with pytest.raises(proxy.HTTPFailure):
         app._authenticate({"authorization": "Bearer ocx_other"}, checked)
+
+
+def test_an_expired_rotated_out_or_deactivated_key_gets_the_unauthenticated_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """They are in the key map (so that their 401 says why), but the proxy refuses them: the
+    body limit must agree with that 401, not grant them the proxy's limit."""
+    import hashlib
+    import time
+
+    from accounts.access import KeyInfo
+    from server import body_limits
+
+    def info(**kw: object) -> KeyInfo:
+        return KeyInfo(
+            id=1, prefix="ocx_k", user="u", allowed_models=frozenset(), rpm_limit=None, **kw
+        )  # type: ignore[arg-type]
+
+    entries = {
+        "ocx_live": info(),
+        "ocx_expired": info(expires_at=time.time() - 1),
+        "ocx_previous": info(expires_at=time.time() - 1, previous=True),
+        "ocx_inactive": info(user_active=False),
+    }
+    _counting_key_map(
+        monkeypatch, {hashlib.sha256(s.encode()).hexdigest(): i for s, i in entries.items()}
+    )
+    limits = body_limits.Limits(proxy=32_000, api=1_000, other=256_000, unauthenticated=64)
+    for secret, limit in (
+        ("ocx_live", 32_000),
+        ("ocx_expired", 64),
+        ("ocx_previous", 64),
+        ("ocx_inactive", 64),
+    ):
+        headers = [(b"authorization", f"Bearer {secret}".encode())]
+        assert limits.check(b"/v1/responses", headers, 65)[0] == limit, secret

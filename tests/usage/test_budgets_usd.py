@@ -260,3 +260,72 @@ async def test_a_flushed_redis_is_noticed_and_the_counters_seeded_again() -> Non
         assert refused is not None and refused.used == 1500 and len(recorded.calls) == 3
     finally:
         await store.redis.aclose()
+
+
+class _Info:
+    def __init__(self, *budgets: ScopedBudget) -> None:
+        self.budgets = budgets
+
+
+async def test_after_a_flush_one_worker_seeds_every_keys_series_for_all_workers() -> None:
+    """Worker A notices the flush on key 1's request and sets the sentinel back; worker B
+    still counts key 2's series as seeded and now sees the sentinel: key 2's spent counter
+    must have been seeded again by A, or B admits it on an empty counter."""
+    url = os.environ.get("REDIS_URL")
+    if not url:
+        pytest.skip("REDIS_URL not set")
+    now = int(time.time() * 1000)
+    k2 = ScopedBudget("key", "k2", "key ocx_two… of dev", UsdBudget(50.0, "month"))
+    key_map = {"d1": _Info(KEY_TOKENS), "d2": _Info(k2)}
+    recorded = Recorded({("k1", "tokens", "day"): 10, ("k2", "usd", "month"): 60_000_000})
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    store_a, store_b = RedisBudgetStore(url), RedisBudgetStore(url)
+    a = BudgetGate(store_a, prefix=prefix, recorded=recorded)
+    b = BudgetGate(store_b, prefix=prefix, recorded=recorded)
+    try:
+        for worker in (a, b):
+            worker.retain(key_map)  # type: ignore[arg-type]
+            await worker.seed(every=key_map)  # type: ignore[arg-type]
+        assert (await b.admit((k2,), now)) is not None  # spent
+        names = [n.decode() for n in await store_a.redis.execute("KEYS", f"{prefix}:*")]
+        await store_a.redis.execute("DEL", *names)  # the flush
+        assert (await a.admit((KEY_TOKENS,), now)) is None  # A notices, seeds, sets it back
+        assert await store_a.redis.execute("GET", f"{prefix}:budget-seeded") == b"1"
+        refusal = await b.admit((k2,), now)
+        assert refusal is not None and refusal.used == 60_000_000 / 1_000_000
+    finally:
+        await store_a.redis.aclose()
+        await store_b.redis.aclose()
+
+
+async def test_a_degraded_store_is_not_taken_for_a_flushed_one() -> None:
+    """While Redis is out the sentinel reads as missing: no reseeding storm, no warning per
+    request."""
+
+    class Breaker:
+        open = True
+
+    class Degraded(MemoryBudgetStore):
+        shared_counters = True
+        breaker = Breaker()
+
+    recorded = Recorded({("k1", "tokens", "day"): 10})
+    bg = BudgetGate(Degraded(), prefix="t", recorded=recorded)
+    await bg.seed((KEY_TOKENS,))
+    calls = len(recorded.calls)
+    assert (await bg.admit((KEY_TOKENS,), int(time.time() * 1000))) is None
+    assert len(recorded.calls) == calls  # no reseed: the sentinel's absence means nothing
+    Degraded.breaker.open = False
+    await bg.admit((KEY_TOKENS,), int(time.time() * 1000))
+    assert len(recorded.calls) == calls + 1  # back: a missing sentinel is a flush again
+
+
+def test_a_patch_forgets_only_the_series_its_old_entries_had() -> None:
+    """A key write looks at the patched keys' budgets only: a removed budget's series is
+    forgotten (set again later, it is seeded again); a new one is reported unseeded."""
+    bg = BudgetGate(MemoryBudgetStore(), prefix="t", recorded=Recorded({}))
+    bg.seeded |= {("k1", "tokens", "day"), ("k1", "usd", "month")}
+    assert bg.replaced({}, old=(KEY_TOKENS, KEY_USD), new=(KEY_USD,)) is False
+    assert bg.seeded == {("k1", "usd", "month")}
+    assert bg.replaced({}, old=(KEY_USD,), new=(KEY_USD, KEY_TOKENS)) is True
+    assert bg.seeded == {("k1", "usd", "month")}
