@@ -1,11 +1,12 @@
 """Long streams (issue 24): many concurrent paced streams, ocx beside direct and LiteLLM.
 
     python bench/long_streams.py [--streams 64,256,1024] [--paces 20:500,100:100]
-                                 [--skip-litellm] [--no-workers2] [--api chat] [--out FILE]
+                                 [--skip-litellm] [--no-workers2] [--uvicorn] [--api chat]
+                                 [--out FILE]
 
 Starts on 127.0.0.1 the mock upstream, ocx with one Daphne worker (`ocx-1w`, no REDIS_URL),
-ocx with `--workers 2` and REDIS_URL (`ocx-w2`), and LiteLLM's proxy (one worker), with the
-helpers of bench/run.py. For each pace (ms between events : events per stream) and each
+ocx with `--workers 2` and REDIS_URL (`ocx-w2`), with `--uvicorn` one `--server uvicorn` worker
+(`ocx-uv`), and LiteLLM's proxy (one worker), with the helpers of bench/run.py. For each pace (ms between events : events per stream) and each
 number of concurrent streams, every target in turn gets that many streams at once, one stream
 per connection, from one asyncio client process (`long_streams.py client`, uvloop when
 installed). Per point: completed and failed streams (by kind), the target's CPU per stream
@@ -158,6 +159,17 @@ def summarize(streams: list[Stream]) -> dict[str, Any]:
         "steady_gap_p99_ms": ms(percentile(steady, 99)),
         "steady_streams": len(steady),
     }
+
+
+def machine_speed() -> float:
+    """Seconds for `sum(range(10**7))`, best of 3: how fast this machine runs Python, so that
+    runs on different machines can be compared (CPU per event scales with it)."""
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        sum(range(10**7))
+        best = min(best, time.perf_counter() - t0)
+    return round(best, 3)
 
 
 def per(amount: float, count: int, scale: float) -> float | None:
@@ -351,7 +363,7 @@ def point(
                 "-f",
                 "raw",
                 "-r",
-                "100",
+                os.environ.get("BENCH_SPY_RATE", "100"),
             ]
             + ["-o", f"{profile}-{t.name}-{streams}.txt"],
             stdout=subprocess.DEVNULL,
@@ -401,7 +413,8 @@ def fmt(x: Any) -> str:
 def report(res: dict[str, Any]) -> str:
     lines = [
         f"## Long streams ({res['stamp']}, {res['config']['api']}, load "
-        f"{res['machine']['loadavg_before']} → {res['machine'].get('loadavg_after', '?')})\n",
+        f"{res['machine']['loadavg_before']} → {res['machine'].get('loadavg_after', '?')}, "
+        f"machine speed {res['machine'].get('speed_s', '?')} s)\n",
         "| pace | streams | target | completed | failed | CPU ms/stream | CPU µs/event | "
         "peak worker RSS MB | TTFT p50 / p99 ms | gap p99 ms | burst over at ms | "
         "steady gap p50 / p99 ms | client CPU |",
@@ -452,6 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--api", choices=("chat", "responses"), default="chat")
     p.add_argument("--skip-litellm", action="store_true")
     p.add_argument("--no-workers2", action="store_true", help="skip ocx --workers 2 with Redis")
+    p.add_argument(
+        "--uvicorn", action="store_true", help="also ocx-uv: one `--server uvicorn` worker"
+    )
     p.add_argument("--no-uvloop", action="store_true", help="client on asyncio's own loop")
     p.add_argument("--settle", type=float, default=2.0, help="seconds between points")
     p.add_argument(
@@ -481,15 +497,22 @@ def main(argv: list[str] | None = None) -> int:
     mock = run.Target("direct", mock_base, mock_proc.pid, None, {"chat": "m", "responses": "m"})
     instances = [Instance(mock)]
 
-    def ocx(name: str, workers: int, redis: bool) -> Instance:
-        inst = Instance(run.start_ocx(name, mock_base, workers, redis, extra_env=OCX_ENV))
+    def ocx(name: str, workers: int, redis: bool, server: str = "daphne") -> Instance:
+        inst = Instance(
+            run.start_ocx(name, mock_base, workers, redis, server=server, extra_env=OCX_ENV)
+        )
 
         def again() -> None:
             # A new name: a fresh data dir and Redis key prefix, so no cooldown carries over.
             stop(inst.target)
             inst.restarts += 1
             fresh = run.start_ocx(
-                f"{name}-r{inst.restarts}", mock_base, workers, redis, extra_env=OCX_ENV
+                f"{name}-r{inst.restarts}",
+                mock_base,
+                workers,
+                redis,
+                server=server,
+                extra_env=OCX_ENV,
             )
             fresh.name = name
             inst.target = fresh
@@ -499,6 +522,9 @@ def main(argv: list[str] | None = None) -> int:
 
     run.log("starting ocx-1w (1 Daphne worker, no REDIS_URL)")
     instances.append(ocx("ocx-1w", 1, False))
+    if args.uvicorn:
+        run.log("starting ocx-uv (1 uvicorn worker, no REDIS_URL)")
+        instances.append(ocx("ocx-uv", 1, False, server="uvicorn"))
     redis_ok = (
         subprocess.run(
             ["redis-cli", "-u", run.REDIS_URL, "ping"], capture_output=True, text=True
@@ -531,6 +557,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpus": os.cpu_count(),
             "cpu_model": run._cpu_model(),
             "loadavg_before": run._loadavg(),
+            "speed_s": machine_speed(),
         },
         "git": run.git_info(),
         "versions": run.versions(),

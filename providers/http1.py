@@ -273,24 +273,42 @@ class _Conn(asyncio.Protocol):
         self.closed = True
 
 
-class _Body(httpx.AsyncByteStream):
+class Body(httpx.AsyncByteStream):
+    """An answer's body. Besides httpx's iteration it can be read directly (`ready` / `wait`):
+    a streamed chunk then passes one async generator on its way to the client, not three
+    (httpx's `aiter_raw`, this class's `__aiter__`, the proxy's own; issue 24)."""
+
     def __init__(self, conn: _Conn) -> None:
         self._conn: _Conn | None = conn
 
+    def ready(self) -> bytes | None:
+        """What has arrived (all of it, as one bytes), b"" once the body is complete, or None
+        when nothing has arrived yet (then `wait`). Raises the connection's error, or
+        RemoteProtocolError for a body the peer closed early."""
+        conn = self._conn
+        if conn is None or (not conn.chunks and conn.done and conn.error is None):
+            return b""
+        if conn.chunks:
+            return conn.take()
+        if conn.error is not None:
+            raise conn.error
+        if conn.closed:
+            raise httpx.RemoteProtocolError(
+                "peer closed connection without sending complete message body"
+            )
+        return None
+
+    async def wait(self) -> None:
+        """Until more of the body, its end or an error has arrived."""
+        if self._conn is not None:
+            await self._conn.wait()
+
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        while (conn := self._conn) is not None:
-            if conn.chunks:
-                yield conn.take()
-            elif conn.error is not None:
-                raise conn.error
-            elif conn.done:
-                break
-            elif conn.closed:
-                raise httpx.RemoteProtocolError(
-                    "peer closed connection without sending complete message body"
-                )
+        while (chunk := self.ready()) != b"":
+            if chunk is None:
+                await self.wait()
             else:
-                await conn.wait()
+                yield chunk
         await self.aclose()
 
     async def aclose(self) -> None:
@@ -373,7 +391,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
         return httpx.Response(
             conn.status,
             headers=conn.headers,
-            stream=_Body(conn),
+            stream=Body(conn),
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": conn.reason.strip()},
         )
 

@@ -21,7 +21,7 @@ import struct
 import sys
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -489,7 +489,7 @@ def _error_obj(behaviour: JSON, default_code: str) -> JSON:
     return err
 
 
-def _responses_events(model: str, rid: str, reply: Reply, behaviour: JSON) -> list[bytes]:
+def _responses_events(model: str, rid: str, reply: Reply, behaviour: JSON) -> Iterator[bytes]:
     seq = 0
 
     def ev(kind: str, **fields: Any) -> bytes:
@@ -499,23 +499,21 @@ def _responses_events(model: str, rid: str, reply: Reply, behaviour: JSON) -> li
         return _sse(kind, payload)
 
     created = int(time.time())
-    events = [
-        ev(
-            "response.created",
-            response={
-                "id": rid,
-                "object": "response",
-                "created_at": created,
-                "status": "in_progress",
-                "model": model,
-                "output": [],
-            },
-        ),
-        ev(
-            "response.in_progress",
-            response={"id": rid, "object": "response", "status": "in_progress"},
-        ),
-    ]
+    yield ev(
+        "response.created",
+        response={
+            "id": rid,
+            "object": "response",
+            "created_at": created,
+            "status": "in_progress",
+            "model": model,
+            "output": [],
+        },
+    )
+    yield ev(
+        "response.in_progress",
+        response={"id": rid, "object": "response", "status": "in_progress"},
+    )
     fail = behaviour.get("fail")
     failure_kind = str(behaviour.get("event", "response.failed"))
 
@@ -541,20 +539,19 @@ def _responses_events(model: str, rid: str, reply: Reply, behaviour: JSON) -> li
         )
 
     if fail == "before_output":
-        return [*events, failure()]
+        yield failure()
+        return
     lead = behaviour.get("lead_text")
     if reply.tool_name is not None and lead:
         # Visible text before the call (a message item of its own).
         lead_item = {"type": "message", "id": "msg_mock_0", "role": "assistant", "content": []}
-        events.append(ev("response.output_item.added", output_index=0, item=lead_item))
-        events.append(
-            ev(
-                "response.output_text.delta",
-                item_id="msg_mock_0",
-                output_index=0,
-                content_index=0,
-                delta=lead,
-            )
+        yield ev("response.output_item.added", output_index=0, item=lead_item)
+        yield ev(
+            "response.output_text.delta",
+            item_id="msg_mock_0",
+            output_index=0,
+            content_index=0,
+            delta=lead,
         )
     if reply.tool_name is not None:
         item: JSON = {
@@ -565,25 +562,22 @@ def _responses_events(model: str, rid: str, reply: Reply, behaviour: JSON) -> li
             "arguments": "",
             "status": "in_progress",
         }
-        events.append(ev("response.output_item.added", output_index=0, item=item))
+        yield ev("response.output_item.added", output_index=0, item=item)
         for k, piece in enumerate(reply.pieces):
-            events.append(
-                ev(
-                    "response.function_call_arguments.delta",
-                    item_id="fc_mock_1",
-                    output_index=0,
-                    delta=piece,
-                )
-            )
-            if fail == "after_output" and k == 0:
-                return [*events, failure()]
-        events.append(
-            ev(
-                "response.function_call_arguments.done",
+            yield ev(
+                "response.function_call_arguments.delta",
                 item_id="fc_mock_1",
                 output_index=0,
-                arguments=reply.tool_args,
+                delta=piece,
             )
+            if fail == "after_output" and k == 0:
+                yield failure()
+                return
+        yield ev(
+            "response.function_call_arguments.done",
+            item_id="fc_mock_1",
+            output_index=0,
+            arguments=reply.tool_args,
         )
         done_item = {**item, "arguments": reply.tool_args, "status": "completed"}
     else:
@@ -594,59 +588,49 @@ def _responses_events(model: str, rid: str, reply: Reply, behaviour: JSON) -> li
             "status": "in_progress",
             "content": [],
         }
-        events.append(ev("response.output_item.added", output_index=0, item=item))
-        events.append(
-            ev(
-                "response.content_part.added",
-                item_id="msg_mock_1",
-                output_index=0,
-                content_index=0,
-                part={"type": "output_text", "text": "", "annotations": []},
-            )
+        yield ev("response.output_item.added", output_index=0, item=item)
+        yield ev(
+            "response.content_part.added",
+            item_id="msg_mock_1",
+            output_index=0,
+            content_index=0,
+            part={"type": "output_text", "text": "", "annotations": []},
         )
         for k, piece in enumerate(reply.pieces):
-            events.append(
-                ev(
-                    "response.output_text.delta",
-                    item_id="msg_mock_1",
-                    output_index=0,
-                    content_index=0,
-                    delta=piece,
-                )
+            yield ev(
+                "response.output_text.delta",
+                item_id="msg_mock_1",
+                output_index=0,
+                content_index=0,
+                delta=piece,
             )
             if fail == "after_output" and k == 0:
-                return [*events, failure()]
+                yield failure()
+                return
         part: JSON = {"type": "output_text", "text": reply.text, "annotations": []}
-        events.append(
-            ev(
-                "response.output_text.done",
-                item_id="msg_mock_1",
-                output_index=0,
-                content_index=0,
-                text=reply.text,
-            )
+        yield ev(
+            "response.output_text.done",
+            item_id="msg_mock_1",
+            output_index=0,
+            content_index=0,
+            text=reply.text,
         )
-        events.append(
-            ev(
-                "response.content_part.done",
-                item_id="msg_mock_1",
-                output_index=0,
-                content_index=0,
-                part=part,
-            )
+        yield ev(
+            "response.content_part.done",
+            item_id="msg_mock_1",
+            output_index=0,
+            content_index=0,
+            part=part,
         )
         done_item = {**item, "status": "completed", "content": [part]}
-    events.append(ev("response.output_item.done", output_index=0, item=done_item))
+    yield ev("response.output_item.done", output_index=0, item=done_item)
     if not (behaviour.get("omit_done") or behaviour.get("omit_terminal")):
-        events.append(
-            ev(
-                "response.completed",
-                response=_responses_body(model, rid, created, done_item, reply),
-            )
+        yield ev(
+            "response.completed",
+            response=_responses_body(model, rid, created, done_item, reply),
         )
         if behaviour.get("done_sentinel"):
-            events.append(b"data: [DONE]\n\n")
-    return events
+            yield b"data: [DONE]\n\n"
 
 
 def _responses_usage(reply: Reply) -> JSON:
@@ -687,7 +671,7 @@ def _chat_usage(reply: Reply) -> JSON:
     }
 
 
-def _chat_events(model: str, cid: str, reply: Reply, behaviour: JSON) -> list[bytes]:
+def _chat_events(model: str, cid: str, reply: Reply, behaviour: JSON) -> Iterator[bytes]:
     created = int(time.time())
 
     def chunk(choices: list[JSON], **extra: Any) -> bytes:
@@ -710,20 +694,18 @@ def _chat_events(model: str, cid: str, reply: Reply, behaviour: JSON) -> list[by
 
     fail = behaviour.get("fail")
     if fail == "before_output":
-        return [failure()]
-    events: list[bytes] = []
+        yield failure()
+        return
     lead = behaviour.get("lead_text")
     if reply.tool_name is not None and lead:
-        events.append(
-            chunk(
-                [
-                    {
-                        "index": 0,
-                        "delta": {"role": "assistant", "content": lead},
-                        "finish_reason": None,
-                    }
-                ]
-            )
+        yield chunk(
+            [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": lead},
+                    "finish_reason": None,
+                }
+            ]
         )
     if reply.tool_name is not None:
         call = {
@@ -732,16 +714,14 @@ def _chat_events(model: str, cid: str, reply: Reply, behaviour: JSON) -> list[by
             "type": "function",
             "function": {"name": reply.tool_name, "arguments": ""},
         }
-        events.append(
-            chunk(
-                [
-                    {
-                        "index": 0,
-                        "delta": {"role": "assistant", "content": None, "tool_calls": [call]},
-                        "finish_reason": None,
-                    }
-                ]
-            )
+        yield chunk(
+            [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": None, "tool_calls": [call]},
+                    "finish_reason": None,
+                }
+            ]
         )
         for k, piece in enumerate(reply.pieces):
             delta_call = {
@@ -750,31 +730,30 @@ def _chat_events(model: str, cid: str, reply: Reply, behaviour: JSON) -> list[by
                 "type": "function",
                 "function": {"arguments": piece},
             }
-            events.append(
-                chunk([{"index": 0, "delta": {"tool_calls": [delta_call]}, "finish_reason": None}])
+            yield chunk(
+                [{"index": 0, "delta": {"tool_calls": [delta_call]}, "finish_reason": None}]
             )
             if fail == "after_output" and k == 0:
-                return [*events, failure()]
+                yield failure()
+                return
         finish = "tool_calls"
     else:
-        events.append(
-            chunk(
-                [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
-            )
+        yield chunk(
+            [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
         )
         for k, piece in enumerate(reply.pieces):
-            events.append(chunk([{"index": 0, "delta": {"content": piece}, "finish_reason": None}]))
+            yield chunk([{"index": 0, "delta": {"content": piece}, "finish_reason": None}])
             if fail == "after_output" and k == 0:
-                return [*events, failure()]
+                yield failure()
+                return
         finish = "stop"
     if behaviour.get("omit_terminal"):
-        return events  # no finish_reason, no usage, no [DONE]: a stream that just stops
-    events.append(chunk([{"index": 0, "delta": {}, "finish_reason": finish}]))
+        return  # no finish_reason, no usage, no [DONE]: a stream that just stops
+    yield chunk([{"index": 0, "delta": {}, "finish_reason": finish}])
     if not reply.usage["omit"]:
-        events.append(chunk([], usage=_chat_usage(reply)))
+        yield chunk([], usage=_chat_usage(reply))
     if not behaviour.get("omit_done"):
-        events.append(b"data: [DONE]\n\n")
-    return events
+        yield b"data: [DONE]\n\n"
 
 
 def _chat_body(model: str, cid: str, reply: Reply) -> JSON:
@@ -808,27 +787,25 @@ def _anthropic_usage(reply: Reply) -> JSON:
     }
 
 
-def _messages_events(model: str, mid: str, reply: Reply, behaviour: JSON) -> list[bytes]:
+def _messages_events(model: str, mid: str, reply: Reply, behaviour: JSON) -> Iterator[bytes]:
     usage = _anthropic_usage(reply)
     start_usage = {**usage, "output_tokens": 1}
-    events = [
-        _sse(
-            "message_start",
-            {
-                "type": "message_start",
-                "message": {
-                    "id": mid,
-                    "type": "message",
-                    "role": "assistant",
-                    "model": model,
-                    "content": [],
-                    "stop_reason": None,
-                    "stop_sequence": None,
-                    **_usage_field(start_usage, reply),
-                },
+    yield _sse(
+        "message_start",
+        {
+            "type": "message_start",
+            "message": {
+                "id": mid,
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                **_usage_field(start_usage, reply),
             },
-        )
-    ]
+        },
+    )
 
     def failure() -> bytes:
         err = dict(behaviour.get("error") or {})
@@ -838,28 +815,25 @@ def _messages_events(model: str, mid: str, reply: Reply, behaviour: JSON) -> lis
 
     fail = behaviour.get("fail")
     if fail == "before_output":
-        return [*events, failure()]
+        yield failure()
+        return
     index = 0
     lead = behaviour.get("lead_text")
     if reply.tool_name is not None and lead:
         text_block = {"type": "text", "text": ""}
-        events.append(
-            _sse(
-                "content_block_start",
-                {"type": "content_block_start", "index": 0, "content_block": text_block},
-            )
+        yield _sse(
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": text_block},
         )
-        events.append(
-            _sse(
-                "content_block_delta",
-                {
-                    "type": "content_block_delta",
-                    "index": 0,
-                    "delta": {"type": "text_delta", "text": lead},
-                },
-            )
+        yield _sse(
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": lead},
+            },
         )
-        events.append(_sse("content_block_stop", {"type": "content_block_stop", "index": 0}))
+        yield _sse("content_block_stop", {"type": "content_block_stop", "index": 0})
         index = 1
     if reply.tool_name is not None:
         block: JSON = {
@@ -872,39 +846,33 @@ def _messages_events(model: str, mid: str, reply: Reply, behaviour: JSON) -> lis
     else:
         block = {"type": "text", "text": ""}
         delta_type, delta_key, stop = "text_delta", "text", "end_turn"
-    events.append(
-        _sse(
-            "content_block_start",
-            {"type": "content_block_start", "index": index, "content_block": block},
-        )
+    yield _sse(
+        "content_block_start",
+        {"type": "content_block_start", "index": index, "content_block": block},
     )
     for k, piece in enumerate(reply.pieces):
-        events.append(
-            _sse(
-                "content_block_delta",
-                {
-                    "type": "content_block_delta",
-                    "index": index,
-                    "delta": {"type": delta_type, delta_key: piece},
-                },
-            )
-        )
-        if fail == "after_output" and k == 0:
-            return [*events, failure()]
-    events.append(_sse("content_block_stop", {"type": "content_block_stop", "index": index}))
-    events.append(
-        _sse(
-            "message_delta",
+        yield _sse(
+            "content_block_delta",
             {
-                "type": "message_delta",
-                "delta": {"stop_reason": stop, "stop_sequence": None},
-                **_usage_field({"output_tokens": usage["output_tokens"]}, reply),
+                "type": "content_block_delta",
+                "index": index,
+                "delta": {"type": delta_type, delta_key: piece},
             },
         )
+        if fail == "after_output" and k == 0:
+            yield failure()
+            return
+    yield _sse("content_block_stop", {"type": "content_block_stop", "index": index})
+    yield _sse(
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop, "stop_sequence": None},
+            **_usage_field({"output_tokens": usage["output_tokens"]}, reply),
+        },
     )
     if not (behaviour.get("omit_done") or behaviour.get("omit_terminal")):
-        events.append(_sse("message_stop", {"type": "message_stop"}))
-    return events
+        yield _sse("message_stop", {"type": "message_stop"})
 
 
 def _messages_body(model: str, mid: str, reply: Reply) -> JSON:
@@ -1321,7 +1289,7 @@ class _Handler:
 
     async def _send_stream(
         self,
-        events: list[bytes],
+        events: Iterable[bytes],
         behaviour: JSON,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
@@ -1339,7 +1307,8 @@ class _Handler:
         malformed = behaviour.get("malformed_after_events")
         delta_ms = int(behaviour.get("delta_ms", 0))
         if malformed is not None:
-            events = [*events[:malformed], b"data: {not json\n\n", *events[malformed:]]
+            listed = list(events)
+            events = [*listed[:malformed], b"data: {not json\n\n", *listed[malformed:]]
         split = bool(behaviour.get("split_events"))
         simple = cut is None and stall is None and delta_ms == 0 and not split
         if simple:
@@ -1347,7 +1316,11 @@ class _Handler:
             writer.write(_head(200, headers, ka) + b"".join(map(_chunk, events)) + b"0\r\n\r\n")
             return True
         writer.write(_head(200, headers, ka))
+        # The events are made as they are sent (a generator): a paced stream of 500 deltas
+        # encoded up front cost the mock ~4 ms before its first byte, per stream.
+        sent = 0
         for i, event in enumerate(events):
+            sent = i + 1
             if i == cut:
                 if split:
                     writer.write(_chunk(event[: len(event) // 2]))  # closes mid-frame
@@ -1367,10 +1340,10 @@ class _Handler:
                 writer.write(_chunk(event[len(event) // 2 :]))
             else:
                 writer.write(_chunk(event))
-        if cut is not None and cut >= len(events):
+        if cut is not None and cut >= sent:
             await writer.drain()
             raise _Close
-        if stall is not None and stall >= len(events):
+        if stall is not None and stall >= sent:
             await writer.drain()
             await self._stall(behaviour, reader)
         writer.write(b"0\r\n\r\n")

@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from providers.http1 import POOL_SLOT, POOL_WAIT, Http1Transport, LocalOverload
+from providers.http1 import POOL_SLOT, POOL_WAIT, Body, Http1Transport, LocalOverload
 from providers.masking import NO_MASK, Masker
 from providers.wire import chat
 from providers.wire.commit import (
@@ -679,28 +679,49 @@ class _ReadTimer:
             self._handle.cancel()
             self._handle = None
 
+    def reading(self, seconds: float) -> _ReadTimer:
+        """`with timer.reading(s): await …`: a read that must end within `s`; the task's
+        cancellation by this timer comes out as TimeoutError."""
+        self.start(seconds)
+        return self
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, kind: type[BaseException] | None, error: object, tb: object) -> None:
+        self.waiting = False
+        if kind is asyncio.CancelledError and self.fired and self._task.uncancel() == 0:
+            raise TimeoutError from None
+
 
 async def _chunks(resp: httpx.Response, first_ms: int, idle_ms: int) -> AsyncIterator[bytes]:
     """The body's chunks; TimeoutError when the first takes over `first_ms` or a later one over
     `idle_ms` (time spent by the consumer between reads does not count)."""
-    it = resp.aiter_raw().__aiter__()
     task = asyncio.current_task()
     assert task is not None
     timer = _ReadTimer(asyncio.get_running_loop(), task)
     limit = first_ms / 1000
     try:
+        body = resp.stream
+        if isinstance(body, Body):
+            # ocx's own transport: read the connection itself, not through httpx's generators.
+            resp.is_stream_consumed = True
+            while (chunk := body.ready()) != b"":
+                if chunk is None:
+                    with timer.reading(limit):
+                        await body.wait()
+                else:
+                    limit = idle_ms / 1000
+                    yield chunk
+            await resp.aclose()
+            return
+        it = resp.aiter_raw().__aiter__()
         while True:
-            timer.start(limit)
             try:
-                chunk = await it.__anext__()
+                with timer.reading(limit):
+                    chunk = await it.__anext__()
             except StopAsyncIteration:
                 return
-            except asyncio.CancelledError:
-                if timer.fired and task.uncancel() == 0:
-                    raise TimeoutError from None
-                raise
-            finally:
-                timer.waiting = False
             limit = idle_ms / 1000
             if chunk:
                 yield chunk

@@ -15,7 +15,7 @@ from typing import Any, cast
 import httpx
 import pytest
 
-from providers.http1 import Http1Transport, LocalOverload
+from providers.http1 import Body, Http1Transport, LocalOverload
 from tests.certs import self_signed
 
 Answer = Callable[[asyncio.StreamWriter, int], Awaitable[None]]
@@ -593,4 +593,85 @@ async def test_an_upgrade_answer_is_a_protocol_error() -> None:
         async with client() as c:
             with pytest.raises(httpx.RemoteProtocolError):
                 await post(c, srv.url)
+            assert pool(c).connections() == 0
+
+
+async def post_direct(c: httpx.AsyncClient, url: str) -> httpx.Response:
+    """Straight to the transport, as `ProviderClient` sends (no httpx client around it)."""
+    return await pool(c).handle_async_request(c.build_request("POST", url, content=b"{}"))
+
+
+async def read_direct(resp: httpx.Response) -> list[bytes]:
+    """The body through `Body.ready` / `wait` (what the streaming proxy reads), not httpx."""
+    body = resp.stream
+    assert isinstance(body, Body)
+    got: list[bytes] = []
+    while (chunk := body.ready()) != b"":
+        if chunk is None:
+            await body.wait()
+        else:
+            got.append(chunk)
+    await resp.aclose()
+    return got
+
+
+async def test_read_directly_a_stream_arrives_whole_and_its_connection_is_reused() -> None:
+    parts = [b"data: %d\n\n" % i for i in range(20)]
+
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for part in parts:
+            writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+            await writer.drain()
+            await asyncio.sleep(0)
+        writer.write(b"0\r\n\r\n")
+
+    async with Server(answer) as srv:
+        async with client() as c:
+            first = await read_direct(await post_direct(c, srv.url))
+            assert b"".join(first) == b"".join(parts)
+            assert all(first)  # never an empty chunk: b"" means the end
+            assert b"".join(await read_direct(await post_direct(c, srv.url))) == b"".join(parts)
+    assert srv.connections == 1
+
+
+async def test_read_directly_a_body_cut_short_is_a_protocol_error_and_not_reused() -> None:
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly this")
+        await writer.drain()
+        writer.close()
+
+    async with Server(answer) as srv:
+        async with client() as c:
+            resp = await post_direct(c, srv.url)
+            with pytest.raises(httpx.RemoteProtocolError, match="complete message body"):
+                await read_direct(resp)
+            await resp.aclose()
+            assert pool(c).connections() == 0
+
+
+async def test_read_directly_a_reset_is_a_read_error_after_what_arrived() -> None:
+    seen = asyncio.Event()
+
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        await writer.drain()
+        await seen.wait()
+        reset(writer)
+
+    async with Server(answer) as srv:
+        async with client() as c:
+            resp = await post_direct(c, srv.url)
+            body = resp.stream
+            assert isinstance(body, Body)
+            got = []
+            with pytest.raises(httpx.ReadError):
+                while (chunk := body.ready()) != b"":
+                    if chunk is None:
+                        await body.wait()
+                    else:
+                        got.append(chunk)
+                        seen.set()
+            assert got == [b"hello"]
+            await resp.aclose()
             assert pool(c).connections() == 0

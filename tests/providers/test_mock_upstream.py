@@ -222,6 +222,41 @@ def test_split_text(text: str, n: int, expected: list[str]) -> None:
     assert split_text(text, n) == expected
 
 
+class CountingPieces(tuple[str, ...]):
+    """A reply's pieces that count how many were read."""
+
+    read = 0
+
+    def __iter__(self) -> Any:
+        for piece in super().__iter__():
+            type(self).read += 1
+            yield piece
+
+
+@pytest.mark.parametrize(
+    ("protocol", "make"),
+    [
+        ("chat", mock_upstream._chat_events),
+        ("responses", mock_upstream._responses_events),
+        ("messages", mock_upstream._messages_events),
+    ],
+)
+def test_a_streams_events_are_made_as_they_are_sent(protocol: str, make: Any) -> None:
+    """A paced stream of many deltas must not be encoded whole before its first byte: 1,024
+    such streams opening at once cost the mock seconds before any first event (issue 24)."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "input": "hi"}
+    reply = mock_upstream.build_reply(protocol, body, {"deltas": 500}, 10)
+    CountingPieces.read = 0
+    pieces = CountingPieces(reply.pieces)
+    events = make("m", "id-1", mock_upstream.Reply(**{**vars(reply), "pieces": pieces}), {})
+    first = [next(events) for _ in range(4)]
+    assert CountingPieces.read <= 4  # not the 500 an up-front list reads
+    rest = list(events)
+    assert CountingPieces.read == 500
+    text = b"".join(first + rest)
+    assert text.count(b"delta") >= 500
+
+
 # ---------------------------------------------------------------------------------- tools
 
 
