@@ -156,18 +156,22 @@ async def test_a_whole_answer_leaves_its_connection_for_the_next_request() -> No
     assert srv.connections == 1 and len(srv.requests) == 3
 
 
+STREAM_PARTS = [b"data: %d\n\n" % i for i in range(20)]
+
+
+async def chunked_stream(writer: asyncio.StreamWriter, n: int) -> None:
+    """A chunked answer of STREAM_PARTS, one chunk per write."""
+    writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+    for part in STREAM_PARTS:
+        writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+        await writer.drain()
+        await asyncio.sleep(0)
+    writer.write(b"0\r\n\r\n")
+
+
 async def test_chunked_stream_arrives_in_order_and_whole() -> None:
-    parts = [b"data: %d\n\n" % i for i in range(20)]
-
-    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
-        for part in parts:
-            writer.write(b"%x\r\n%s\r\n" % (len(part), part))
-            await writer.drain()
-            await asyncio.sleep(0)
-        writer.write(b"0\r\n\r\n")
-
-    async with Server(answer) as srv:
+    parts = STREAM_PARTS
+    async with Server(chunked_stream) as srv:
         async with client() as c:
             assert await read(await post(c, srv.url)) == b"".join(parts)
             assert await read(await post(c, srv.url)) == b"".join(parts)
@@ -616,17 +620,8 @@ async def read_direct(resp: httpx.Response) -> list[bytes]:
 
 
 async def test_read_directly_a_stream_arrives_whole_and_its_connection_is_reused() -> None:
-    parts = [b"data: %d\n\n" % i for i in range(20)]
-
-    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
-        for part in parts:
-            writer.write(b"%x\r\n%s\r\n" % (len(part), part))
-            await writer.drain()
-            await asyncio.sleep(0)
-        writer.write(b"0\r\n\r\n")
-
-    async with Server(answer) as srv:
+    parts = STREAM_PARTS
+    async with Server(chunked_stream) as srv:
         async with client() as c:
             first = await read_direct(await post_direct(c, srv.url))
             assert b"".join(first) == b"".join(parts)
