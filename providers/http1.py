@@ -200,6 +200,8 @@ class _Conn(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        if not body:
+            return  # an empty read would read as the end of the body (`Body.ready`)
         self.chunks.append(body)
         self.buffered += len(body)
         if self.buffered > READ_HIGH_WATER and self.transport is not None:

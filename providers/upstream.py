@@ -804,6 +804,11 @@ async def _stream(
 
     try:
         async for chunk in _chunks(resp, first_byte_ms, idle_ms):
+            if committed and scanner.plain(chunk):
+                # One plain output delta of a pass-through (the usual streamed event): nothing
+                # in it for the usage, tool-call, masking or end checks below.
+                await responder.write(chunk)
+                continue
             seen_bad = scanner.malformed
             decision = scanner.feed(chunk)
             if decision.phase is Phase.FAILED:

@@ -7,10 +7,14 @@ at PostgreSQL, and is configured through its own management API (OCX_ADMIN_TOKEN
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
+import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -137,8 +141,58 @@ def mock(mock_upstream: Mock) -> Mock:
     return mock_upstream
 
 
-def _server_database() -> tuple[str | None, callable]:  # type: ignore[valid-type]
-    """A fresh PostgreSQL database for one server when DATABASE_URL is PostgreSQL."""
+# A server's database starts as a copy of one migrated in this test run: `ocx serve` then has
+# no migration to apply (a fresh `migrate` costs a start ~3 s on a 2-vCPU CI machine, and the
+# suite starts well over a hundred servers per pass). `fresh_db=True` gives a test the empty one.
+_MIGRATED: dict[str, str] = {}
+
+
+def _migrate(env: dict[str, str]) -> None:
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v", "0"],
+        cwd=ROOT,
+        env={k: v for k, v in env.items() if k != "DJANGO_SETTINGS_MODULE"},
+        check=True,
+        timeout=300,
+    )
+
+
+def _migrated_sqlite() -> Path:
+    path = _MIGRATED.get("sqlite")
+    if path is None:
+        data = tempfile.mkdtemp(prefix="ocx-migrated-")
+        env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+        _migrate({**env, "OCX_DATA_DIR": data})
+        path = os.path.join(data, "ocx.sqlite3")
+        with sqlite3.connect(path) as db:  # everything into the file itself, none in its WAL
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        _MIGRATED["sqlite"] = path
+        atexit.register(shutil.rmtree, data, True)
+    return Path(path)
+
+
+def _migrated_postgres(admin_url: str, parts: Any) -> str:
+    import psycopg
+
+    name = _MIGRATED.get("postgres")
+    if name is None:
+        name = f"ocx_e2e_migrated_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        _migrate({**os.environ, "DATABASE_URL": urlunsplit(parts._replace(path=f"/{name}"))})
+        _MIGRATED["postgres"] = name
+
+        def drop() -> None:
+            with psycopg.connect(admin_url, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+        atexit.register(drop)
+    return name
+
+
+def _server_database(fresh: bool = False) -> tuple[str | None, callable]:  # type: ignore[valid-type]
+    """A PostgreSQL database for one server when DATABASE_URL is PostgreSQL: a copy of the
+    migrated one, or empty when `fresh`."""
     url = os.environ.get("DATABASE_URL", "")
     if not url.startswith(("postgres://", "postgresql://")):
         return None, lambda: None
@@ -147,8 +201,9 @@ def _server_database() -> tuple[str | None, callable]:  # type: ignore[valid-typ
     parts = urlsplit(url)
     name = f"ocx_e2e_{uuid.uuid4().hex[:10]}"
     admin_url = urlunsplit(parts._replace(path="/postgres"))
+    template = "" if fresh else f' TEMPLATE "{_migrated_postgres(admin_url, parts)}"'
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"{template}')
 
     def drop() -> None:
         with psycopg.connect(admin_url, autocommit=True) as conn:
@@ -218,10 +273,12 @@ def start_server(
     server_args: list[str] | None = None,
     database_url: str | None = None,
     preexec_fn: Callable[[], None] | None = None,
+    fresh_db: bool = False,
 ) -> tuple[Server, callable]:  # type: ignore[valid-type]
     # `database_url`: a database the test runs itself (tests/ocxsite/deps.py PgCluster).
     # `preexec_fn`: run in the `ocx serve` child before it starts (e.g. a lowered rlimit).
-    db_url, drop = (database_url, lambda: None) if database_url else _server_database()
+    # `fresh_db`: an empty database that `ocx serve` creates (else a migrated copy).
+    db_url, drop = (database_url, lambda: None) if database_url else _server_database(fresh_db)
     env = {
         **os.environ,
         "OCX_DATA_DIR": str(tmp),
@@ -239,6 +296,11 @@ def start_server(
         env["DATABASE_URL"] = db_url
     else:
         env.pop("DATABASE_URL", None)
+        sqlite = Path(env["OCX_DATA_DIR"]) / "ocx.sqlite3"
+        if not fresh_db and not sqlite.exists():
+            sqlite.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            shutil.copyfile(_migrated_sqlite(), sqlite)
+            sqlite.chmod(0o600)  # as `ocx serve` makes it
     # The server uses Redis whenever the test run has REDIS_URL (CI's second pass); each server
     # gets its own state key prefix so servers sharing one Redis database never see each other.
     if "OCX_STATE_KEY_PREFIX" not in (extra_env or {}):

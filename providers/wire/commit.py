@@ -444,6 +444,22 @@ class CommitScanner:
         Every other frame is parsed and tracked as before; the bytes are the same."""
         self._raw = self.protocol in ("responses", "chat")
 
+    def plain(self, chunk: bytes) -> bool:
+        """Whether `chunk` of a committed pass-through is exactly one whole plain output frame
+        (`_plain_output_frame`) with nothing held from an earlier chunk. Such a frame holds no
+        end, usage, tool name or error, so what `feed` would do with it changes nothing: the
+        caller forwards it as it came and does not `feed` it (a streamed event is usually
+        one such chunk)."""
+        return (
+            self._raw
+            and self._phase is Phase.COMMITTED
+            and not self._rest
+            and not self._parser.pending_bytes
+            and chunk.find(b"\n\n") == len(chunk) - 2
+            and b"\r" not in chunk
+            and _plain_output_frame(self.protocol, chunk)
+        )
+
     def classify(self, event: SSEEvent) -> EventClass:
         """The commit-rule class of one frame (overridden per protocol)."""
         return classify_payload(self.protocol, event)

@@ -455,7 +455,7 @@ def test_demo_is_idempotent_one_user_one_live_key() -> None:
 
 
 def test_serve_prints_its_database_and_demo_user(tmp_path: Path) -> None:
-    server, stop = start_server(tmp_path, server_args=["--demo"])
+    server, stop = start_server(tmp_path, server_args=["--demo"], fresh_db=True)
     try:
         out = "".join(server.output)
         assert f"Admin and dashboard: {server.url}/admin/" in out

@@ -259,3 +259,98 @@ def test_without_forward_raw_every_frame_is_parsed() -> None:
     scanner.feed(R_CREATED + delta(0))
     events = scanner.feed(delta(1) + delta(2)).events
     assert [e.has_data for e in events] == [True, True]
+
+
+# ---------------------------------------------------------------------------------------------
+# `plain()`: a whole plain delta is forwarded without being fed
+
+
+def frames_of(stream: bytes) -> list[bytes]:
+    return [f + b"\n\n" for f in stream.split(b"\n\n") if f]
+
+
+def run_with_plain(protocol: WireProtocol, chunks: list[bytes]) -> tuple[CommitScanner, bytes, int]:
+    """As the streaming proxy reads: after commit a chunk that `plain()` accepts is forwarded
+    as it came and never fed. Returns the scanner, the forwarded bytes and how many chunks
+    took that way."""
+    scanner = CommitScanner(protocol)
+    scanner.forward_raw()
+    out: list[bytes] = []
+    shortcuts = 0
+    committed = False
+    for chunk in chunks:
+        if committed and scanner.plain(chunk):
+            out.append(chunk)
+            shortcuts += 1
+            continue
+        decision = scanner.feed(chunk)
+        assert decision.phase is not Phase.FAILED
+        if decision.phase is Phase.COMMITTED and not committed:
+            committed = True
+            out.extend(e.raw for e in scanner.buffered_events())
+        elif decision.phase is Phase.COMMITTED:
+            out.extend(e.raw for e in decision.events)
+    out.extend(e.raw for e in scanner.finish().events)
+    return scanner, b"".join(out), shortcuts
+
+
+@pytest.mark.parametrize("protocol,stream", [("responses", RESPONSES), ("chat", CHAT)])
+def test_plain_deltas_skipped_past_feed_leave_the_same_bytes_and_end(
+    protocol: WireProtocol, stream: bytes
+) -> None:
+    rng = random.Random(11)
+    frames = frames_of(stream)
+    for _ in range(40):
+        # Frame-aligned chunks of 1-3 frames (the shortcut's case), then some cut anywhere.
+        chunks: list[bytes] = []
+        i = 0
+        while i < len(frames):
+            k = rng.randint(1, 3)
+            chunks.append(b"".join(frames[i : i + k]))
+            i += k
+        for chunked in (chunks, splits(stream, rng, 9)):
+            scanner, sent, _ = run_with_plain(protocol, chunked)
+            assert sent == stream
+            assert scanner.end_state() is EndState.COMPLETED and scanner.terminal_seen
+    _, _, shortcuts = run_with_plain(protocol, frames)
+    assert shortcuts == 11  # every delta after the committing one
+
+
+def test_plain_accepts_only_one_whole_plain_delta_after_commit() -> None:
+    scanner = CommitScanner("chat")
+    scanner.forward_raw()
+    assert not scanner.plain(cdelta(0))  # before commit: the scanner must see it
+    assert scanner.feed(cdelta(0)).phase is Phase.COMMITTED
+    assert scanner.plain(cdelta(1))
+    assert not scanner.plain(cdelta(1) + cdelta(2))  # two frames: fed (one unit)
+    for other in (C_FINISH, C_USAGE, DONE, cframe({"error": {"message": "x"}})):
+        assert not scanner.plain(other)
+    assert not scanner.plain(cdelta(1).replace(b"\n\n", b"\r\n\r\n"))
+    tool = cframe(
+        {
+            "id": "c",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": [{"function": {"name": "x"}}]},
+                    "finish_reason": None,
+                }
+            ],
+        }
+    )
+    assert not scanner.plain(tool)
+    half = cdelta(2)[:15]
+    scanner.feed(half)  # a frame held open: the next chunk is its rest, not a frame of its own
+    assert not scanner.plain(cdelta(3))
+
+
+def test_plain_is_never_true_for_a_translated_or_responses_terminal_stream() -> None:
+    translated = CommitScanner("chat")  # no forward_raw(): every frame goes to the translator
+    translated.feed(cdelta(0))
+    assert not translated.plain(cdelta(1))
+    responses = CommitScanner("responses")
+    responses.forward_raw()
+    responses.feed(R_CREATED + delta(0))
+    assert responses.plain(delta(1))
+    assert not responses.plain(R_COMPLETED)
+    assert not responses.plain(rframe("response.failed", response={"id": "r"}))

@@ -1,0 +1,142 @@
+"""The Python cost of relaying one streamed event, in isolation (issue 24).
+
+    python bench/relay_micro.py [--events 200000] [--rounds 3]
+
+Two measurements, each the old way beside the new, in one process (no sockets, no loop wake-ups:
+what is left is the interpreter's own work per event, which the end-to-end long-streams runs
+cannot separate from their run-to-run spread):
+
+* **read**: a committed stream's chunks through `providers.upstream._chunks`, one chunk arriving
+  per wait: reading `providers.http1.Body` directly (`ready` / `wait`) against httpx's
+  `Response.aiter_raw` over the same body (the path before the twelfth run).
+* **plain**: one plain Chat delta of a pass-through after commit: `CommitScanner.plain` (the
+  shortcut of `_stream`) against what `_stream` did with it before, `feed` plus the usage,
+  tool-call, usage-chunk and masking passes over the decision's frames.
+
+Prints µs per event, per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx  # noqa: E402
+
+from providers import upstream  # noqa: E402
+from providers.http1 import Body  # noqa: E402
+from providers.masking import NO_MASK  # noqa: E402
+from providers.wire.commit import CommitScanner  # noqa: E402
+from providers.wire.toolcalls import undeclared_at  # noqa: E402
+
+
+class _Conn:
+    """What `Body` reads: one chunk arrives per `wait` (a paced stream), then the end."""
+
+    def __init__(self, n: int) -> None:
+        self.chunks: list[bytes] = []
+        self.left = n
+        self.done = False
+        self.error: Exception | None = None
+        self.closed = False
+        self.keep_alive = True
+        self.busy = True
+        self.buffered = 0
+        self.transport = None
+        self.pool = self
+
+    def take(self) -> bytes:
+        chunk = self.chunks[0]
+        self.chunks.clear()
+        return chunk
+
+    def discard(self) -> None:
+        self.chunks.clear()
+
+    def close(self) -> None:
+        self.closed = True
+
+    def _release(self, conn: Any, reuse: bool) -> None:
+        pass
+
+    async def wait(self) -> None:
+        await asyncio.sleep(0)
+        if self.left:
+            self.chunks.append(b'data: {"x":1}\n\n')
+            self.left -= 1
+        else:
+            self.done = True
+
+
+async def read_us(direct: bool, n: int) -> float:
+    resp = httpx.Response(200, stream=Body(_Conn(n)))  # type: ignore[arg-type]
+    saved = upstream.Body
+    if not direct:
+        upstream.Body = type("NotOurs", (), {})  # type: ignore[misc,assignment]
+    try:
+        t0 = time.perf_counter()
+        async for _ in upstream._chunks(resp, 60_000, 60_000):
+            pass
+        return (time.perf_counter() - t0) / n * 1e6
+    finally:
+        upstream.Body = saved  # type: ignore[misc]
+
+
+def chat_delta(i: int) -> bytes:
+    payload = {
+        "id": "chatcmpl-x",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"content": f" word{i}"}, "finish_reason": None}],
+    }
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def plain_us(shortcut: bool, n: int) -> float:
+    chunks = [chat_delta(i) for i in range(1000)]
+    scanner = CommitScanner("chat")
+    scanner.forward_raw()
+    scanner.feed(chunks[0])  # commits
+    usage = None
+    rounds = max(1, n // len(chunks))
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        for chunk in chunks:
+            if shortcut:
+                if not scanner.plain(chunk):
+                    raise SystemExit("a plain delta was not taken as plain")
+                continue
+            decision = scanner.feed(chunk)
+            usage = upstream._scan_usage(decision.events, usage)
+            undeclared_at("chat", decision.events, frozenset())
+            upstream._masked_frames(upstream._client_events(decision.events, True), NO_MASK)
+    return (time.perf_counter() - t0) / (rounds * len(chunks)) * 1e6
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--events", type=int, default=200_000)
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
+    for r in range(args.rounds):
+        new_read = asyncio.run(read_us(True, args.events))
+        old_read = asyncio.run(read_us(False, args.events))
+        new_plain = plain_us(True, args.events)
+        old_plain = plain_us(False, args.events)
+        print(
+            f"round {r}: read {new_read:.2f} µs (aiter_raw {old_read:.2f}) · "
+            f"plain delta {new_plain:.2f} µs (feed + checks {old_plain:.2f})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
