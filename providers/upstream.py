@@ -660,7 +660,13 @@ class _ReadTimer:
     def start(self, seconds: float) -> None:
         self.waiting = True
         self._due = self._loop.time() + seconds
-        if self._handle is None:
+        handle = self._handle
+        if handle is None:
+            self._handle = self._loop.call_at(self._due, self._check)
+        elif handle.when() > self._due:
+            # Armed for a later deadline (a first byte allowed longer than the idle gap): an
+            # idle read must not wait for it.
+            handle.cancel()
             self._handle = self._loop.call_at(self._due, self._check)
 
     def _check(self) -> None:

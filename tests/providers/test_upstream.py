@@ -118,3 +118,30 @@ async def test_a_burst_leaves_every_connection_for_the_next_one() -> None:
         await client.aclose()
     assert len(srv.requests) == 2 * POOL_KEEPALIVE
     assert srv.connections == POOL_KEEPALIVE
+
+
+async def test_an_idle_read_is_timed_by_the_idle_limit_when_the_first_byte_may_take_longer() -> (
+    None
+):
+    """firstByteMs 120 s, idleMs 30 s (a reasoning model): after the first chunk a stalled read
+    times out 30 s after it began, not when the first byte's deadline would have passed."""
+    from providers.upstream import _ReadTimer
+
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    timer = _ReadTimer(loop, task)
+    try:
+        timer.start(120.0)  # waiting for the first byte
+        first = timer._handle
+        assert first is not None and first.when() >= loop.time() + 119
+        timer.waiting = False  # it came
+        timer.start(30.0)  # the next read
+        idle = timer._handle
+        assert idle is not None and idle is not first and first.cancelled()
+        assert loop.time() + 29 <= idle.when() <= loop.time() + 30
+        timer.waiting = False
+        timer.start(60.0)  # a later deadline: the armed timer moves itself on when it fires
+        assert timer._handle is idle
+    finally:
+        timer.close()
