@@ -210,13 +210,15 @@ async def test_disconnect_before_the_answer_is_a_protocol_error() -> None:
             assert pool(c).connections() == 0
 
 
-async def test_disconnect_inside_a_sized_body_is_a_protocol_error() -> None:
-    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly this")
-        await writer.drain()
-        writer.close()
+async def cut_short(writer: asyncio.StreamWriter, n: int) -> None:
+    """An answer of 100 bytes announced, 9 sent, then the connection closed."""
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly this")
+    await writer.drain()
+    writer.close()
 
-    async with Server(answer) as srv:
+
+async def test_disconnect_inside_a_sized_body_is_a_protocol_error() -> None:
+    async with Server(cut_short) as srv:
         async with client() as c:
             resp = await post(c, srv.url)
             assert resp.status_code == 200
@@ -631,12 +633,7 @@ async def test_read_directly_a_stream_arrives_whole_and_its_connection_is_reused
 
 
 async def test_read_directly_a_body_cut_short_is_a_protocol_error_and_not_reused() -> None:
-    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly this")
-        await writer.drain()
-        writer.close()
-
-    async with Server(answer) as srv:
+    async with Server(cut_short) as srv:
         async with client() as c:
             resp = await post_direct(c, srv.url)
             with pytest.raises(httpx.RemoteProtocolError, match="complete message body"):
