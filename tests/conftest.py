@@ -142,8 +142,9 @@ def mock(mock_upstream: Mock) -> Mock:
 
 
 # A server's database starts as a copy of one migrated in this test run: `ocx serve` then has
-# no migration to apply (a fresh `migrate` costs a start ~3 s on a 2-vCPU CI machine, and the
-# suite starts well over a hundred servers per pass). `fresh_db=True` gives a test the empty one.
+# no migration to apply (on a 2-vCPU CI machine a fresh `migrate` cost each start ~1 s of CPU
+# and 1-3 s of wall time, and the suite starts a server per module and more). `fresh_db=True`
+# gives a test the empty database instead.
 _MIGRATED: dict[str, str] = {}
 
 
