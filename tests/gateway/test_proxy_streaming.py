@@ -335,7 +335,7 @@ def test_chat_upstream_with_no_terminal_at_all_is_a_cut(
 
 
 @pytest.mark.parametrize(
-    "step", [{"delay_first_byte_ms": 1500}, {"no_response": True}], ids=["slow", "silent"]
+    "step", [{"delay_first_byte_ms": 4000}, {"no_response": True}], ids=["slow", "silent"]
 )
 def test_first_byte_timeout_hops_and_cools(
     server: Server, mock: Mock, step: dict[str, Any]
@@ -350,7 +350,9 @@ def test_first_byte_timeout_hops_and_cools(
     assert r.status_code == 200
     assert r.headers["x-ocx-target"] == "p2/fb2"
     assert r.headers["x-ocx-attempts"] == "2"
-    assert 0.35 <= elapsed < 1.4
+    # The hop came at the 400 ms bound, long before the slow first byte (a loaded CI machine
+    # may add a second or two to the rest).
+    assert 0.35 <= elapsed < 3.0
     assert "response.completed" in names(sse_events(r.text))
 
     r = stream_responses(server, f"combo/{combo_id}", key)

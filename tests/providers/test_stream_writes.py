@@ -114,8 +114,14 @@ def test_an_error_after_commit_ends_the_pass_through_with_it() -> None:
 
 
 class Handle:
+    def __init__(self, loop: FakeLoop, when: float) -> None:
+        self._loop, self._when = loop, when
+
+    def when(self) -> float:
+        return self._when
+
     def cancel(self) -> None:
-        pass
+        self._loop.timers = [(w, c) for w, c in self._loop.timers if w != self._when]
 
 
 class FakeLoop:
@@ -128,7 +134,8 @@ class FakeLoop:
 
     def call_at(self, when: float, callback: Any) -> Any:
         self.timers.append((when, callback))
-        return Handle()
+        self.timers.sort(key=lambda t: t[0])
+        return Handle(self, when)
 
 
 class FakeTask:
@@ -150,12 +157,18 @@ def test_the_read_timer_arms_once_and_moves_lazily() -> None:
     timer = upstream._ReadTimer(loop, task)  # type: ignore[arg-type]
     timer.start(5.0)  # first byte within 5 s
     assert [w for w, _ in loop.timers] == [5.0]
-    for t in (1.0, 2.0, 3.0):  # three chunks, each within the idle bound: no new timer
+    timer.waiting = False
+    loop.now = 1.0
+    timer.start(2.0)  # the first idle read: the 5 s timer is brought forward to 3.0
+    assert [w for w, _ in loop.timers] == [3.0]
+    for t in (2.0, 3.0):  # two more chunks, each within the idle bound: no new timer
         timer.waiting = False
         loop.now = t
         timer.start(2.0)
-    assert len(loop.timers) == 1
-    fire(loop)  # due at 5.0: the last read started at 3.0, so it is not late until 5.0
+    assert [w for w, _ in loop.timers] == [3.0]
+    fire(loop)  # at 3.0: early (the last read started at 3.0), re-armed at 5.0
+    assert task.cancels == 0 and [w for w, _ in loop.timers] == [5.0]
+    fire(loop)
     assert task.cancels == 1 and timer.fired
 
 
