@@ -219,6 +219,7 @@ class Server:
         self.proc = proc
         self.data_dir = data_dir
         self.env: dict[str, str] = {}  # the environment `ocx serve` was started with
+        self.superuser = False  # tests/browser: its admin user exists (createsuperuser ran)
         # Everything the server and its workers printed so far (stdout and stderr, by line).
         self.output: list[str] = OUTPUT.setdefault(proc.pid, [])
         self.api = httpx.Client(

@@ -13,6 +13,7 @@ from playwright.sync_api import expect
 
 from tests.browser.test_admin_browser import (  # noqa: F401 - fixtures used by name
     admin_server,
+    browser,
     login,
     page,
     pytestmark,

@@ -9,6 +9,7 @@ Screenshots of every step go to test-artifacts/browser/ (ignored by git; CI keep
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import re
 import subprocess
@@ -95,34 +96,51 @@ def create_superuser(server: Server) -> None:
 
 @pytest.fixture
 def admin_server(server: Server) -> Server:
-    create_superuser(server)
+    # Once per server (a module's): `createsuperuser` is a Django start and a password hash.
+    if not server.superuser:
+        create_superuser(server)
+        server.superuser = True
     return server
 
 
 WIDTHS = [1280, 1920]
 
 
-@pytest.fixture
-def page(admin_server: Server, request: pytest.FixtureRequest) -> Iterator[Any]:
-    """A browser page; its width is the test's `page` parameter (1280 px when it has none)."""
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """One headless Chromium per test module; each test gets its own context (cookies, size)."""
     from playwright.sync_api import sync_playwright
-
-    width = getattr(request, "param", 1280)
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
+        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
         try:
-            # A viewport taller than the pages: after a full-page screenshot that had to grow
-            # the viewport, headless Chromium's clicks can land off target.
-            context = browser.new_context(
-                base_url=admin_server.url, viewport={"width": width, "height": 2400}
-            )
-            page = context.new_page()
-            page.set_default_timeout(10_000)
-            yield page
+            yield chromium
         finally:
-            browser.close()
+            chromium.close()
+
+
+@contextlib.contextmanager
+def new_page(browser: Any, base_url: str, width: int, height: int, **options: Any) -> Iterator[Any]:
+    """A page in a fresh context of `browser` (nothing shared with the test before)."""
+    context = browser.new_context(
+        base_url=base_url, viewport={"width": width, "height": height}, **options
+    )
+    try:
+        page = context.new_page()
+        page.set_default_timeout(10_000)
+        yield page
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def page(admin_server: Server, browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A browser page; its width is the test's `page` parameter (1280 px when it has none)."""
+    # A viewport taller than the pages: after a full-page screenshot that had to grow the
+    # viewport, headless Chromium's clicks can land off target.
+    with new_page(browser, admin_server.url, getattr(request, "param", 1280), 2400) as page:
+        yield page
 
 
 def shot(page: Any, name: str) -> None:

@@ -27,11 +27,11 @@ import pytest
 
 from tests.browser.test_admin_browser import (  # noqa: F401 - fixtures used by name
     ARTIFACTS,
-    CHROMIUM,
-    LAUNCH_ARGS,
     WIDTHS,
     admin_server,
+    browser,
     login,
+    new_page,
     pytestmark,
     shot,
 )
@@ -43,24 +43,10 @@ ZONE = "America/New_York"
 
 
 @pytest.fixture
-def page(admin_server: Server, request: pytest.FixtureRequest) -> Iterator[Any]:  # noqa: F811
+def page(admin_server: Server, browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:  # noqa: F811
     """A browser page in ZONE; its width is the test's `page` parameter."""
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
-        try:
-            context = browser.new_context(
-                base_url=admin_server.url,
-                viewport={"width": request.param, "height": 2400},
-                timezone_id=ZONE,
-            )
-            page = context.new_page()
-            page.set_default_timeout(10_000)
-            yield page
-        finally:
-            browser.close()
+    with new_page(browser, admin_server.url, request.param, 2400, timezone_id=ZONE) as page:
+        yield page
 
 
 def local_clock(epoch_s: float) -> str:

@@ -14,6 +14,7 @@ import pytest
 from tests.browser.test_admin_browser import (  # noqa: F401 - fixtures used by name
     WIDTHS,
     admin_server,
+    browser,
     login,
     page,
     pytestmark,
