@@ -182,13 +182,15 @@ def _migrated_postgres(admin_url: str, parts: Any) -> str:
             conn.execute(f'CREATE DATABASE "{name}"')
         _migrate({**os.environ, "DATABASE_URL": urlunsplit(parts._replace(path=f"/{name}"))})
         _MIGRATED["postgres"] = name
-
-        def drop() -> None:
-            with psycopg.connect(admin_url, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-        atexit.register(drop)
+        atexit.register(_drop_database, admin_url, name)
     return name
+
+
+def _drop_database(admin_url: str, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _server_database(fresh: bool = False) -> tuple[str | None, callable]:  # type: ignore[valid-type]
@@ -205,12 +207,7 @@ def _server_database(fresh: bool = False) -> tuple[str | None, callable]:  # typ
     template = "" if fresh else f' TEMPLATE "{_migrated_postgres(admin_url, parts)}"'
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"{template}')
-
-    def drop() -> None:
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-    return urlunsplit(parts._replace(path=f"/{name}")), drop
+    return urlunsplit(parts._replace(path=f"/{name}")), lambda: _drop_database(admin_url, name)
 
 
 class Server:

@@ -98,7 +98,7 @@ def test_readme_team_section_runs(tmp_path: Path) -> None:
     shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m ocxsite.cli "$@"\n')
     shim.chmod(0o755)
     data = tmp_path / "srv-ocx"
-    db_url, drop = _server_database()
+    db_url, drop = _server_database(fresh=True)  # the README starts from nothing
     env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE",)}
     env.pop("DATABASE_URL", None)
     env.pop("REDIS_URL", None)
