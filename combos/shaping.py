@@ -236,7 +236,7 @@ def build_child(
     compat: Collection[str] = frozenset(),
 ) -> ChildBody:
     """`child_body` plus the effort outcome; see `child_body`."""
-    out: dict[str, Any] = copy.deepcopy(dict(body))
+    out: dict[str, Any] = _copy_json(dict(body))
     out["model"] = model
     spec = provider.models.get(model)
     ladder = spec.reasoning_efforts if spec is not None else None
@@ -252,6 +252,21 @@ def build_child(
     ):
         out["input"] = strip_backend_ciphertext(_rescue_plaintext_tasks(out["input"]))
     return ChildBody(out, shaped.effort, shaped.action, shaped.skipped_default)
+
+
+def _copy_json(value: Any) -> Any:
+    """A deep copy of parsed JSON: dicts and lists copied, strings and numbers shared (they
+    are immutable), anything else through `copy.deepcopy`. A Codex turn's body (80 KB, 120
+    input items) took `copy.deepcopy` 410 µs per attempt; this takes 185 µs (bench/README.md,
+    fourteenth run)."""
+    kind = value.__class__
+    if kind is dict:
+        return {k: _copy_json(v) for k, v in value.items()}
+    if kind is list:
+        return [_copy_json(v) for v in value]
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value
+    return copy.deepcopy(value)
 
 
 def child_body(

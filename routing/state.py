@@ -53,6 +53,17 @@ class ComboState:
     spec: str | None = None
     revision: int = 0
 
+    def blank(self) -> bool:
+        """True when nothing but `spec` and `revision` is recorded (an empty state)."""
+        return not (
+            self.cooldowns
+            or self.probes
+            or self.current_weights
+            or self.success_counts
+            or self.successes
+            or self.active_key is not None
+        )
+
     def cooling_until(self, key: str, now: int) -> int | None:
         """The cooldown end of `key` if it is still cooling at `now`, else None."""
         until = self.cooldowns.get(key)
@@ -168,16 +179,29 @@ def retain(state: ComboState, combo: ComboSpec) -> ComboState:
         return _frozen({k: v for k, v in values.items() if k in keys})
 
     active = state.active_key if state.active_key in keys else None
-    new = replace(
+    cooldowns, probes = keep(state.cooldowns), keep(state.probes)
+    weights, counts = keep(state.current_weights), keep(state.success_counts)
+    successes = state.successes if active is not None else 0
+    if (
+        # Every request's pick and success retains: nothing dropped is the usual case, and
+        # `keep` hands back the very mapping then.
+        cooldowns is state.cooldowns
+        and probes is state.probes
+        and weights is state.current_weights
+        and counts is state.success_counts
+        and active == state.active_key
+        and successes == state.successes
+    ):
+        return state
+    return replace(
         state,
-        cooldowns=keep(state.cooldowns),
-        probes=keep(state.probes),
-        current_weights=keep(state.current_weights),
+        cooldowns=cooldowns,
+        probes=probes,
+        current_weights=weights,
         active_key=active,
-        successes=state.successes if active is not None else 0,
-        success_counts=keep(state.success_counts),
+        successes=successes,
+        success_counts=counts,
     )
-    return state if new == state else new
 
 
 def stamped(combo: ComboSpec, revision: int, fn: Update[T]) -> Update[T]:
@@ -201,7 +225,7 @@ def stamped(combo: ComboSpec, revision: int, fn: Update[T]) -> Update[T]:
             if state.revision < revision:
                 state = ComboState()
         new, result = fn(state)
-        if replace(new, spec=None, revision=0) == ComboState():
+        if new.blank():
             return ComboState(), result
         mark = max(state.revision, revision) if state.spec == spec else revision
         if new.spec == spec and new.revision == mark:
