@@ -346,3 +346,27 @@ def test_the_fingerprint_is_the_same_in_another_process() -> None:
     )
     assert out.stdout.strip() == NEW.fingerprint
     assert NEW.fingerprint != OLD.fingerprint
+
+
+def test_blank_knows_every_field_of_the_state() -> None:
+    # `stamped` asks `blank()` instead of comparing with `ComboState()`: a field added to the
+    # state must not read as blank when it holds something.
+    import dataclasses
+
+    samples: dict[str, Any] = {
+        "cooldowns": {A: 1},
+        "probes": {A: 1},
+        "current_weights": {A: 1},
+        "active_key": A,
+        "successes": 1,
+        "success_counts": {A: 1},
+        "spec": "fingerprint",
+        "revision": 7,
+    }
+    assert {f.name for f in dataclasses.fields(ComboState)} == set(samples)
+    assert ComboState(spec="fingerprint", revision=7).blank()
+    for name, value in samples.items():
+        state = ComboState(**{name: value})
+        assert state.blank() == (name in ("spec", "revision")), name
+        # The same answer as the comparison it replaced.
+        assert state.blank() == (dataclasses.replace(state, spec=None, revision=0) == ComboState())
