@@ -65,7 +65,8 @@ from routing.recall import lane_of, snapshot_liveness
 from routing.state import ComboState
 from routing.types import ComboSpec, ConfigSnapshot, TargetSpec
 from routing.validate import Resolution, resolve_model
-from server import body_limits, lifecycle, metrics
+from server import body_limits, body_now, lifecycle, metrics
+from server.body_now import BodyNow
 from server.http_errors import HOST_NOT_ALLOWED, HostGate
 from usage.budget_gate import Refusal
 from usage.requestlog import RequestEntry, new_request_id
@@ -135,8 +136,9 @@ class ClientGone(Exception):
 class Exchange:
     """One client request/response, with the route headers sent at commit."""
 
-    def __init__(self, send: Send, request_id: str) -> None:
+    def __init__(self, send: Send, request_id: str, body_now: BodyNow | None = None) -> None:
         self._send = send
+        self._body_now = body_now
         self.request_id = request_id
         self.started = False
         self.status = 0
@@ -194,6 +196,13 @@ class Exchange:
                 return
             await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
+    def writer_now(self) -> BodyNow | None:
+        """A write of a streamed body chunk that is done when it returns (`server.body_now`), or
+        None when the server offers none or the body is held for `finish`."""
+        if self._body_now is None or self._held is not None or not self.started or self.done:
+            return None
+        return self._body_now
+
     async def finish(self) -> None:
         if self.started and not self.done:
             self.done = True
@@ -250,7 +259,7 @@ class ProxyApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = new_request_id()
-        exchange = Exchange(send, request_id)
+        exchange = Exchange(send, request_id, scope.get(body_now.SCOPE_KEY))
         started = time.monotonic()
         outcome = "ok"
         # The whole request, its `finally` too (charge, last chunk, log entry): a drain must

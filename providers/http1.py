@@ -96,6 +96,9 @@ class _Conn(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._write_paused = False
         self._drained: asyncio.Future[None] | None = None
+        # Set while the reader waits (`Body.wait`): takes body chunks as they arrive (`on_body`).
+        self.sink: Callable[[bytes], bool] | None = None
+        self.sink_error: Exception | None = None
         self._begin()
 
     def _begin(self) -> None:
@@ -110,6 +113,7 @@ class _Conn(asyncio.Protocol):
         self.chunks: collections.deque[bytes] = collections.deque()
         self.buffered = 0
         self.head_bytes = 0
+        self.sink_error = None
 
     # -- asyncio.Protocol
 
@@ -202,6 +206,15 @@ class _Conn(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         if not body:
             return  # an empty read would read as the end of the body (`Body.ready`)
+        sink = self.sink
+        if sink is not None and not self.chunks:
+            try:
+                if sink(body):
+                    return
+            except Exception as exc:  # the reader's own fault, not the answer's: raised to it
+                self.sink_error = exc
+            # This chunk and all after it wait for the reader, in order.
+            self.sink = None
         self.chunks.append(body)
         self.buffered += len(body)
         if self.buffered > READ_HIGH_WATER and self.transport is not None:
@@ -288,6 +301,9 @@ class Body(httpx.AsyncByteStream):
         when nothing has arrived yet (then `wait`). Raises the connection's error, or
         RemoteProtocolError for a body the peer closed early."""
         conn = self._conn
+        if conn is not None and conn.sink_error is not None:
+            error, conn.sink_error = conn.sink_error, None
+            raise error
         if conn is None or (not conn.chunks and conn.done and conn.error is None):
             return b""
         if conn.chunks:
@@ -300,10 +316,19 @@ class Body(httpx.AsyncByteStream):
             )
         return None
 
-    async def wait(self) -> None:
-        """Until more of the body, its end or an error has arrived."""
-        if self._conn is not None:
-            await self._conn.wait()
+    async def wait(self, sink: Callable[[bytes], bool] | None = None) -> None:
+        """Until more of the body, its end or an error has arrived. Meanwhile `sink`, when given,
+        is offered each chunk as it arrives (from the connection's data callback, not a task):
+        a chunk it takes (True) is done with; the first it declines, and every chunk after it,
+        are kept for `ready` and end the wait. An exception it raises is raised by `ready`."""
+        conn = self._conn
+        if conn is None:
+            return
+        conn.sink = sink
+        try:
+            await conn.wait()
+        finally:
+            conn.sink = None
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         while (chunk := self.ready()) != b"":

@@ -679,6 +679,11 @@ class _ReadTimer:
         self.fired = True
         self._task.cancel()
 
+    def moved(self, seconds: float) -> None:
+        """A read that is still waiting got data it handed on (`Body.wait`'s sink): its window
+        starts again now."""
+        self._due = self._loop.time() + seconds
+
     def close(self) -> None:
         self.waiting = False
         if self._handle is not None:
@@ -700,13 +705,34 @@ class _ReadTimer:
             raise TimeoutError from None
 
 
-async def _chunks(resp: httpx.Response, first_ms: int, idle_ms: int) -> AsyncIterator[bytes]:
+class _Push:
+    """What `_stream` hands chunks to while `_chunks` waits: `sink(chunk)` takes a chunk at
+    once, from the connection's data callback (True), or leaves it to the loop (False)."""
+
+    __slots__ = ("sink",)
+
+    def __init__(self) -> None:
+        self.sink: Callable[[bytes], bool] | None = None
+
+
+async def _chunks(
+    resp: httpx.Response, first_ms: int, idle_ms: int, push: _Push | None = None
+) -> AsyncIterator[bytes]:
     """The body's chunks; TimeoutError when the first takes over `first_ms` or a later one over
-    `idle_ms` (time spent by the consumer between reads does not count)."""
+    `idle_ms` (time spent by the consumer between reads does not count). While it waits, a chunk
+    `push.sink` takes is not yielded (ocx's own transport only); it counts as a read."""
     task = asyncio.current_task()
     assert task is not None
     timer = _ReadTimer(asyncio.get_running_loop(), task)
     limit = first_ms / 1000
+
+    def pushed(chunk: bytes) -> bool:
+        sink = push.sink if push is not None else None
+        if sink is not None and sink(chunk):
+            timer.moved(limit)
+            return True
+        return False
+
     try:
         body = resp.stream
         if isinstance(body, Body):
@@ -715,7 +741,7 @@ async def _chunks(resp: httpx.Response, first_ms: int, idle_ms: int) -> AsyncIte
             while (chunk := body.ready()) != b"":
                 if chunk is None:
                     with timer.reading(limit):
-                        await body.wait()
+                        await body.wait(pushed if push is not None and push.sink else None)
                 else:
                     limit = idle_ms / 1000
                     yield chunk
@@ -790,12 +816,28 @@ async def _stream(
             found.append((tool[0], _undeclared_stream_failure(tool[1]), tool[1]))
         return min(found, key=lambda f: f[0]) if found else None
 
+    push = _Push()
+
     async def commit_with(data: bytes) -> None:
         nonlocal committed, pending
         committed = True
         await responder.commit(200, list(SSE_HEADERS), target)
         await responder.write(b"".join(pending) + data)
         pending = []
+        # A pass-through's plain deltas (the loop's first branch below) are written as they
+        # arrive, without a wake-up of this task each, when the server can write at once
+        # (`server.body_now`; issue #24). Anything else still comes through the loop.
+        writer_now = getattr(responder, "writer_now", None)
+        write = writer_now() if translator is None and writer_now is not None else None
+        if write is not None:
+
+            def plain_now(chunk: bytes) -> bool:
+                if not scanner.plain(chunk):
+                    return False
+                write(chunk)
+                return True
+
+            push.sink = plain_now
 
     def failed_before_commit(tool: str | None) -> Outcome:
         if tool is not None:
@@ -809,7 +851,7 @@ async def _stream(
         )
 
     try:
-        async for chunk in _chunks(resp, first_byte_ms, idle_ms):
+        async for chunk in _chunks(resp, first_byte_ms, idle_ms, push):
             if committed and scanner.plain(chunk):
                 # One plain output delta of a pass-through (the usual streamed event): nothing
                 # in it for the usage, tool-call, masking or end checks below.

@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from server import body_limits, lifecycle
+from server import body_limits, body_now, lifecycle
 
 
 class _WampSession:
@@ -198,12 +198,24 @@ def _create_application_reaped(self: Any, protocol: Any, scope: Any) -> Any:
     key = getattr(protocol, "ocx_client_key", None)
     if key is not None:
         scope[body_limits.KEY_SCOPE] = key  # its digest is computed once per request
+    if scope.get("type") == "http":
+        scope[body_now.SCOPE_KEY] = functools.partial(_body_now, self, protocol)
     queue = _create_application(self, protocol, scope)
     details = self.connections.get(protocol)
     instance = details.get("application_instance") if details is not None else None
     if instance is not None:
         instance.add_done_callback(functools.partial(_reap, self, protocol))
     return queue
+
+
+def _body_now(server: Any, protocol: Any, data: bytes) -> None:
+    """`body_now.SCOPE_KEY`: what Daphne's `send` does with a body chunk, without its coroutine
+    (`Server.handle_reply`: nothing once the connection is gone; the header checks it makes
+    concern the response's start only)."""
+    details = server.connections.get(protocol)
+    if details is None or details.get("disconnected"):
+        return
+    protocol.handle_reply({"type": "http.response.body", "body": data, "more_body": True})
 
 
 def _reap(server: Any, protocol: Any, instance: asyncio.Future[Any]) -> None:

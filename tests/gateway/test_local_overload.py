@@ -336,9 +336,15 @@ def test_two_hundred_long_streams_through_one_worker_all_complete(
     results = asyncio.run(_stream_all(server.url, combo_id, headers))
     assert [(status, target) for status, target, *_ in results] == [(200, "team1/l1")] * STREAMS
     for _, _, data, _, _ in results:
-        kinds = [e for e, _ in sse_events(data.decode())]
+        events = sse_events(data.decode())
+        kinds = [e for e, _ in events]
         assert kinds.count("response.output_text.delta") == 20
         assert kinds[-1] == "response.completed"
+        # Every delta once and in order (most are written from the upstream connection's
+        # callback under Daphne, `server.body_now`): together they are the completed text.
+        text = "".join(d["delta"] for e, d in events if e == "response.output_text.delta")
+        [message] = events[-1][1]["response"]["output"]
+        assert text == message["content"][0]["text"]
     # All 200 were streaming at once: every one had started before the first one ended.
     assert max(r[3] for r in results) < min(r[4] for r in results)
     assert mock.hits("l1") == STREAMS and mock.hits("l2") == 0

@@ -667,3 +667,89 @@ async def test_read_directly_a_reset_is_a_read_error_after_what_arrived() -> Non
             assert got == [b"hello"]
             await resp.aclose()
             assert pool(c).connections() == 0
+
+
+async def raw_post(c: httpx.AsyncClient, url: str) -> httpx.Response:
+    """A request sent on the transport itself, as `providers.upstream` sends them: its body is
+    the transport's own `Body` (httpx's client would wrap it)."""
+    return await pool(c).handle_async_request(c.build_request("POST", url, content=b"{}"))
+
+
+async def _read_with_sink(
+    resp: httpx.Response, sink: Callable[[bytes], bool]
+) -> list[tuple[str, bytes]]:
+    """Reads `resp` as the streaming proxy does (`Body.ready` / `Body.wait`), offering `sink`
+    every chunk that arrives while it waits; what each got, in the order they got it."""
+    body = cast(Body, resp.stream)
+    got: list[tuple[str, bytes]] = []
+
+    def taking(chunk: bytes) -> bool:
+        if sink(chunk):
+            got.append(("sink", chunk))
+            return True
+        return False
+
+    while (chunk := body.ready()) != b"":
+        if chunk is None:
+            await body.wait(taking)
+        else:
+            got.append(("reader", chunk))
+    await body.aclose()
+    return got
+
+
+async def test_a_sink_takes_chunks_as_they_arrive_and_the_first_it_declines_waits_in_order() -> (
+    None
+):
+    declined = STREAM_PARTS[5]
+    async with Server(chunked_stream) as srv:
+        async with client() as c:
+            got = await _read_with_sink(await raw_post(c, srv.url), lambda c: c != declined)
+            # Whole, in order, nothing twice.
+            assert b"".join(chunk for _, chunk in got) == b"".join(STREAM_PARTS)
+            # The reader got the declined part (and whatever queued behind it); the sink took
+            # the parts around it that arrived while the reader waited.
+            assert any(who == "reader" and declined in chunk for who, chunk in got)
+            taken = [chunk for who, chunk in got if who == "sink"]
+            assert declined not in taken
+            assert any(part in taken for part in STREAM_PARTS[:5]) and STREAM_PARTS[-1] in taken
+            # The answer was whole: its connection serves the next request.
+            assert await read(await post(c, srv.url)) == b"".join(STREAM_PARTS)
+            assert pool(c).connections() == 1
+    assert srv.connections == 1
+
+
+async def test_a_sink_that_raises_is_the_readers_error_not_a_broken_answer() -> None:
+    class WriteFailed(Exception):
+        pass
+
+    taken: list[bytes] = []
+
+    def sink(chunk: bytes) -> bool:
+        if chunk == STREAM_PARTS[3]:
+            raise WriteFailed("the client's write failed")
+        taken.append(chunk)
+        return True
+
+    async with Server(chunked_stream) as srv:
+        async with client() as c:
+            body = cast(Body, (await raw_post(c, srv.url)).stream)
+            # Raised by the reader's next read, as its own write would have raised in its
+            # loop, and not a RemoteProtocolError from inside the HTTP parser's callback.
+            with pytest.raises(WriteFailed):
+                while (chunk := body.ready()) != b"":
+                    if chunk is None:
+                        await body.wait(sink)
+                    else:
+                        taken.append(chunk)  # arrived with the head, before any wait
+            # The answer itself is intact: the part the sink failed on comes next.
+            rest = b""
+            while (chunk := body.ready()) != b"":
+                if chunk is None:
+                    await body.wait()
+                else:
+                    rest += chunk
+            await body.aclose()
+            assert b"".join(taken) + rest == b"".join(STREAM_PARTS)
+            assert rest.startswith(STREAM_PARTS[3])
+            assert pool(c).connections() == 1  # whole, so kept for the next request

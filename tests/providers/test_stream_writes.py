@@ -189,3 +189,143 @@ def test_the_read_timer_re_arms_when_it_fires_early_and_sleeps_between_reads() -
     assert [w for w, _ in loop.timers] == [11.0]
     timer.close()
     assert task.cancels == 0 and not timer.fired
+
+
+def test_a_chunk_handed_on_while_waiting_moves_the_idle_deadline() -> None:
+    # A delta written from the connection's callback (`_chunks`' sink) is a read: the idle
+    # window starts again there, while the task itself still waits.
+    loop, task = FakeLoop(), FakeTask()
+    timer = upstream._ReadTimer(loop, task)  # type: ignore[arg-type]
+    timer.start(2.0)  # waiting, due 2.0
+    loop.now = 1.5
+    timer.moved(2.0)  # a chunk handed on at 1.5: due 3.5
+    fire(loop)  # at 2.0: early, re-armed at 3.5
+    assert task.cancels == 0 and [w for w, _ in loop.timers] == [3.5]
+    fire(loop)  # nothing since: the stream is idle past its bound
+    assert task.cancels == 1 and timer.fired
+
+
+ROLE = b'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant"},"finish_reason":null}]}'
+ROLE += b"\n\n"
+DONE = b"data: [DONE]\n\n"
+
+
+class NowSink(Sink):
+    """A client side that can also write at once (`Exchange.writer_now`, as under Daphne)."""
+
+    def __init__(self, now: bool) -> None:
+        super().__init__()
+        self.log: list[tuple[str, bytes]] = []
+        self.now = now
+
+    async def write(self, data: bytes) -> None:
+        self.log.append(("write", data))
+
+    def writer_now(self) -> Any:
+        return self._write_now if self.now else None
+
+    def _write_now(self, data: bytes) -> None:
+        self.log.append(("now", data))
+
+
+async def _through_http1(
+    frames: list[bytes],
+    sink: NowSink,
+    *,
+    idle_ms: int = 5000,
+    stall_after: int | None = None,
+    pace_s: float = 0.0,
+) -> Any:
+    """`upstream._stream` over ocx's own transport from a real socket: the upstream sends each
+    frame as one chunk once the client side has everything before it (so each arrives while the
+    stream waits), or stops sending after `stall_after` frames and holds the connection."""
+    from providers.http1 import Http1Transport
+
+    sent: list[bytes] = []
+
+    def written() -> int:
+        return sum(len(data) for _, data in sink.log)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n")
+        writer.write(b"transfer-encoding: chunked\r\n\r\n")
+        for i, frame in enumerate(frames):
+            if stall_after is not None and i == stall_after:
+                await asyncio.sleep(30)  # cancelled when the test ends
+            if pace_s and i >= 2:
+                await asyncio.sleep(pace_s)
+            writer.write(b"%x\r\n%s\r\n" % (len(frame), frame))
+            await writer.drain()
+            sent.append(frame)
+            if i >= 1:  # the role chunk waits for the first delta (the commit)
+                async with asyncio.timeout(5):
+                    while written() < sum(map(len, sent)):
+                        await asyncio.sleep(0)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    transport = Http1Transport(ssl_context=None)
+    try:
+        request = httpx.Request(
+            "POST", f"http://127.0.0.1:{port}/v1/chat/completions", content=b"{}"
+        )
+        resp = await transport.handle_async_request(request)
+        return await upstream._stream(
+            resp,
+            "chat",
+            "chat",
+            TargetSpec("p", "m"),
+            sink,
+            upstream.Caller({}, "req1"),
+            5000,
+            idle_ms,
+            declared=frozenset(),
+        )
+    finally:
+        await transport.aclose()
+        server.close()
+
+
+def test_plain_deltas_of_a_committed_pass_through_are_written_at_once_in_order() -> None:
+    frames = [ROLE] + [cdelta(i) for i in range(6)] + [FINISH, USAGE, DONE]
+    for now in (True, False):
+        sink = NowSink(now)
+        outcome = asyncio.run(_through_http1(frames, sink))
+        assert outcome.committed and outcome.failure is None
+        assert (outcome.usage.input, outcome.usage.output) == (3, 7)
+        how = "now" if now else "write"
+        # The commit (pending role chunk and first delta) and everything that is not a plain
+        # delta go through the task's own write; the plain deltas after the commit, when the
+        # server can write at once, straight from the connection's callback.
+        assert sink.log == [
+            ("write", ROLE + cdelta(0)),
+            *[(how, cdelta(i)) for i in range(1, 6)],
+            ("write", FINISH),
+            ("write", USAGE),
+            ("write", DONE),
+        ]
+
+
+def test_deltas_written_at_once_keep_a_stream_alive_past_its_idle_bound() -> None:
+    # Each delta 60 ms after the one before, the idle bound 150 ms, the stream 0.4 s long: the
+    # deltas the task never saw still count as reads.
+    frames = [ROLE] + [cdelta(i) for i in range(7)] + [FINISH, DONE]
+    sink = NowSink(True)
+    outcome = asyncio.run(_through_http1(frames, sink, idle_ms=150, pace_s=0.06))
+    assert outcome.committed and outcome.failure is None
+    assert [how for how, _ in sink.log] == ["write"] + ["now"] * 6 + ["write", "write"]
+
+
+def test_a_stream_that_stalls_after_deltas_written_at_once_still_times_out() -> None:
+    frames = [ROLE] + [cdelta(i) for i in range(4)] + [FINISH, DONE]
+    sink = NowSink(True)
+    outcome = asyncio.run(_through_http1(frames, sink, idle_ms=100, stall_after=5))
+    assert outcome.committed and outcome.failure is not None
+    assert "stalled (idle timeout)" in outcome.failure.message
+    assert [how for how, _ in sink.log] == ["write", "now", "now", "now", "write"]
+    assert b"stalled (idle timeout)" in sink.log[-1][1]  # the explicit terminal error frame

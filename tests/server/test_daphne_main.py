@@ -259,3 +259,39 @@ def test_daphne_reads_twisted_http_without_the_deprecation_proxy(
     assert http_protocol.http.Request is http.Request
     assert http_protocol.http.HTTPFactory is http.HTTPFactory
     assert isinstance(http, _ModuleProxy)  # everyone else's reference is left as it was
+
+
+async def test_an_http_request_can_write_a_body_chunk_at_once_until_it_is_disconnected() -> None:
+    from daphne.server import Server
+
+    from server import body_now, daphne_main
+
+    scopes: list[dict[str, Any]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        scopes.append(scope)
+
+    class Protocol:
+        def __init__(self) -> None:
+            self.replies: list[dict[str, Any]] = []
+
+        def handle_reply(self, message: dict[str, Any]) -> None:
+            self.replies.append(message)
+
+    server = Server(application=app, endpoints=["tcp:port=0:interface=127.0.0.1"])
+    protocol, socket_protocol = Protocol(), Protocol()
+    server.connections = {protocol: {}, socket_protocol: {}}
+    daphne_main._create_application_reaped(server, protocol, {"type": "http"})
+    daphne_main._create_application_reaped(server, socket_protocol, {"type": "websocket"})
+    await asyncio.sleep(0)
+    http_scope, socket_scope = scopes
+    assert body_now.SCOPE_KEY not in socket_scope  # HTTP responses only
+    write = http_scope[body_now.SCOPE_KEY]
+    write(b"data: 1\n\n")  # done when it returns: no coroutine, no loop turn
+    assert protocol.replies == [
+        {"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True}
+    ]
+    # As Daphne's own send: nothing for a request whose connection is gone.
+    server.protocol_disconnected(protocol)
+    write(b"data: 2\n\n")
+    assert len(protocol.replies) == 1
