@@ -113,6 +113,7 @@ class _Conn(asyncio.Protocol):
         self.chunks: collections.deque[bytes] = collections.deque()
         self.buffered = 0
         self.head_bytes = 0
+        self.sink = None  # a reader's, from an answer before this one: never this one's
         self.sink_error = None
 
     # -- asyncio.Protocol

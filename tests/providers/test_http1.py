@@ -675,17 +675,45 @@ async def raw_post(c: httpx.AsyncClient, url: str) -> httpx.Response:
     return await pool(c).handle_async_request(c.build_request("POST", url, content=b"{}"))
 
 
+class Lockstep:
+    """The first answer sends STREAM_PARTS one chunk at a time, each once the reader has taken
+    everything before it (so each arrives while the reader waits); later answers as
+    `chunked_stream`."""
+
+    def __init__(self, together: int = -1) -> None:
+        # Bytes of the body the reader (or its sink) has taken; -1 until it starts reading.
+        self.taken = -1
+        self.together = together  # this part goes out in one write with the one before it
+
+    async def __call__(self, writer: asyncio.StreamWriter, n: int) -> None:
+        if n:
+            await chunked_stream(writer, n)
+            return
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        sent = 0
+        for i, part in enumerate(STREAM_PARTS):
+            if i != self.together:
+                await until(lambda sent=sent: self.taken >= sent)  # type: ignore[misc]
+            writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+            if i + 1 != self.together:
+                await writer.drain()
+            sent += len(part)
+        writer.write(b"0\r\n\r\n")
+
+
 async def _read_with_sink(
-    resp: httpx.Response, sink: Callable[[bytes], bool]
+    resp: httpx.Response, sink: Callable[[bytes], bool], lockstep: Lockstep
 ) -> list[tuple[str, bytes]]:
     """Reads `resp` as the streaming proxy does (`Body.ready` / `Body.wait`), offering `sink`
     every chunk that arrives while it waits; what each got, in the order they got it."""
     body = cast(Body, resp.stream)
     got: list[tuple[str, bytes]] = []
+    lockstep.taken = 0
 
     def taking(chunk: bytes) -> bool:
         if sink(chunk):
             got.append(("sink", chunk))
+            lockstep.taken += len(chunk)
             return True
         return False
 
@@ -694,6 +722,7 @@ async def _read_with_sink(
             await body.wait(taking)
         else:
             got.append(("reader", chunk))
+            lockstep.taken += len(chunk)
     await body.aclose()
     return got
 
@@ -702,17 +731,18 @@ async def test_a_sink_takes_chunks_as_they_arrive_and_the_first_it_declines_wait
     None
 ):
     declined = STREAM_PARTS[5]
-    async with Server(chunked_stream) as srv:
+    answer = Lockstep(together=6)  # part 6 arrives in the same read as the declined part 5
+    async with Server(answer) as srv:
         async with client() as c:
-            got = await _read_with_sink(await raw_post(c, srv.url), lambda c: c != declined)
-            # Whole, in order, nothing twice.
-            assert b"".join(chunk for _, chunk in got) == b"".join(STREAM_PARTS)
-            # The reader got the declined part (and whatever queued behind it); the sink took
-            # the parts around it that arrived while the reader waited.
-            assert any(who == "reader" and declined in chunk for who, chunk in got)
-            taken = [chunk for who, chunk in got if who == "sink"]
-            assert declined not in taken
-            assert any(part in taken for part in STREAM_PARTS[:5]) and STREAM_PARTS[-1] in taken
+            got = await _read_with_sink(await raw_post(c, srv.url), lambda c: c != declined, answer)
+            # Every part once, in order: the declined one through the reader, with the part
+            # that arrived behind it (never handed to the sink ahead of it); every other one,
+            # each arriving while the reader waited, taken by the sink as it came.
+            assert got == [
+                *[("sink", part) for part in STREAM_PARTS[:5]],
+                ("reader", declined + STREAM_PARTS[6]),
+                *[("sink", part) for part in STREAM_PARTS[7:]],
+            ]
             # The answer was whole: its connection serves the next request.
             assert await read(await post(c, srv.url)) == b"".join(STREAM_PARTS)
             assert pool(c).connections() == 1
@@ -723,25 +753,26 @@ async def test_a_sink_that_raises_is_the_readers_error_not_a_broken_answer() -> 
     class WriteFailed(Exception):
         pass
 
+    answer = Lockstep()
     taken: list[bytes] = []
 
     def sink(chunk: bytes) -> bool:
         if chunk == STREAM_PARTS[3]:
             raise WriteFailed("the client's write failed")
         taken.append(chunk)
+        answer.taken += len(chunk)
         return True
 
-    async with Server(chunked_stream) as srv:
+    async with Server(answer) as srv:
         async with client() as c:
             body = cast(Body, (await raw_post(c, srv.url)).stream)
+            answer.taken = 0
             # Raised by the reader's next read, as its own write would have raised in its
             # loop, and not a RemoteProtocolError from inside the HTTP parser's callback.
             with pytest.raises(WriteFailed):
-                while (chunk := body.ready()) != b"":
-                    if chunk is None:
-                        await body.wait(sink)
-                    else:
-                        taken.append(chunk)  # arrived with the head, before any wait
+                while body.ready() is None:
+                    await body.wait(sink)
+            assert taken == STREAM_PARTS[:3]
             # The answer itself is intact: the part the sink failed on comes next.
             rest = b""
             while (chunk := body.ready()) != b"":
@@ -749,7 +780,7 @@ async def test_a_sink_that_raises_is_the_readers_error_not_a_broken_answer() -> 
                     await body.wait()
                 else:
                     rest += chunk
+                    answer.taken += len(chunk)
             await body.aclose()
-            assert b"".join(taken) + rest == b"".join(STREAM_PARTS)
-            assert rest.startswith(STREAM_PARTS[3])
+            assert rest == b"".join(STREAM_PARTS[3:])
             assert pool(c).connections() == 1  # whole, so kept for the next request

@@ -312,11 +312,11 @@ def test_plain_deltas_of_a_committed_pass_through_are_written_at_once_in_order()
 
 
 def test_deltas_written_at_once_keep_a_stream_alive_past_its_idle_bound() -> None:
-    # Each delta 60 ms after the one before, the idle bound 150 ms, the stream 0.4 s long: the
+    # Each delta 100 ms after the one before, the idle bound 300 ms, the stream 0.6 s long: the
     # deltas the task never saw still count as reads.
     frames = [ROLE] + [cdelta(i) for i in range(7)] + [FINISH, DONE]
     sink = NowSink(True)
-    outcome = asyncio.run(_through_http1(frames, sink, idle_ms=150, pace_s=0.06))
+    outcome = asyncio.run(_through_http1(frames, sink, idle_ms=300, pace_s=0.1))
     assert outcome.committed and outcome.failure is None
     assert [how for how, _ in sink.log] == ["write"] + ["now"] * 6 + ["write", "write"]
 
