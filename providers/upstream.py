@@ -725,9 +725,10 @@ async def _chunks(
     assert task is not None
     timer = _ReadTimer(asyncio.get_running_loop(), task)
     limit = first_ms / 1000
+    push = push or _Push()
 
     def pushed(chunk: bytes) -> bool:
-        sink = push.sink if push is not None else None
+        sink = push.sink
         if sink is not None and sink(chunk):
             timer.moved(limit)
             return True
@@ -741,7 +742,7 @@ async def _chunks(
             while (chunk := body.ready()) != b"":
                 if chunk is None:
                     with timer.reading(limit):
-                        await body.wait(pushed if push is not None and push.sink else None)
+                        await body.wait(pushed if push.sink is not None else None)
                 else:
                     limit = idle_ms / 1000
                     yield chunk

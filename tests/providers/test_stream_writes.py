@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import pytest
 
 from providers import upstream
 from routing.types import TargetSpec
@@ -234,7 +235,6 @@ async def _through_http1(
     *,
     idle_ms: int = 5000,
     stall_after: int | None = None,
-    pace_s: float = 0.0,
 ) -> Any:
     """`upstream._stream` over ocx's own transport from a real socket: the upstream sends each
     frame as one chunk once the client side has everything before it (so each arrives while the
@@ -255,8 +255,6 @@ async def _through_http1(
         for i, frame in enumerate(frames):
             if stall_after is not None and i == stall_after:
                 await asyncio.sleep(30)  # cancelled when the test ends
-            if pace_s and i >= 2:
-                await asyncio.sleep(pace_s)
             writer.write(b"%x\r\n%s\r\n" % (len(frame), frame))
             await writer.drain()
             sent.append(frame)
@@ -311,14 +309,19 @@ def test_plain_deltas_of_a_committed_pass_through_are_written_at_once_in_order()
         ]
 
 
-def test_deltas_written_at_once_keep_a_stream_alive_past_its_idle_bound() -> None:
-    # Each delta 100 ms after the one before, the idle bound 300 ms, the stream 0.6 s long: the
-    # deltas the task never saw still count as reads.
+def test_each_delta_written_at_once_restarts_the_idle_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The deltas the task never saw still count as reads: each moves the idle deadline by the
+    # idle bound (what that does to the timer: the FakeLoop test above).
+    moves: list[float] = []
+    monkeypatch.setattr(upstream._ReadTimer, "moved", lambda self, s: moves.append(s))
     frames = [ROLE] + [cdelta(i) for i in range(7)] + [FINISH, DONE]
     sink = NowSink(True)
-    outcome = asyncio.run(_through_http1(frames, sink, idle_ms=300, pace_s=0.1))
+    outcome = asyncio.run(_through_http1(frames, sink, idle_ms=750))
     assert outcome.committed and outcome.failure is None
     assert [how for how, _ in sink.log] == ["write"] + ["now"] * 6 + ["write", "write"]
+    assert moves == [0.75] * 6
 
 
 def test_a_stream_that_stalls_after_deltas_written_at_once_still_times_out() -> None:
