@@ -12,6 +12,10 @@ cannot separate from their run-to-run spread):
 * **plain**: one plain Chat delta of a pass-through after commit: `CommitScanner.plain` (the
   shortcut of `_stream`) against what `_stream` did with it before, `feed` plus the usage,
   tool-call, usage-chunk and masking passes over the decision's frames.
+* **write**: one streamed body chunk of a Daphne worker's response to a real loopback socket
+  (the socket's `send` included, drained every 64 chunks): `server.daphne_main._body_now` (the
+  chunk framed and handed to the connection) against what it did before the sixteenth run,
+  Daphne's `WebRequest.handle_reply` with a body message and Twisted's `Request.write`.
 
 Prints µs per event, per round.
 """
@@ -121,6 +125,87 @@ def plain_us(shortcut: bool, n: int) -> float:
     return (time.perf_counter() - t0) / (rounds * len(chunks)) * 1e6
 
 
+def write_us(n: int) -> tuple[float, float]:
+    """(new, old) µs per body chunk written through a Daphne connection set up as in a worker."""
+    import os
+    import socket
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ocxsite.settings")
+    import django
+
+    django.setup()
+    from daphne import http_protocol
+    from daphne.server import Server
+    from twisted.internet import tcp
+    from twisted.internet.address import IPv4Address
+    from twisted.internet.testing import MemoryReactor
+
+    from server import body_now, daphne_main
+
+    daphne_main.install()
+    daphne_main.install_lifecycle()  # the worker's socket writes (`_write_through`)
+
+    async def measure() -> tuple[float, float]:
+        scopes: list[dict[str, Any]] = []
+        started = asyncio.Event()
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            await receive()
+            start = {"type": "http.response.start", "status": 200, "headers": []}
+            await send(start)
+            await send({"type": "http.response.body", "body": b"data: 0\n\n", "more_body": True})
+            scopes.append(scope)
+            started.set()
+            await asyncio.sleep(3600)
+
+        server = Server(application=app, endpoints=["tcp:port=0:interface=127.0.0.1"])
+        server.connections = {}
+        factory = http_protocol.HTTPFactory(server)
+        factory.timeOut = None
+        listener = socket.create_server(("127.0.0.1", 0))
+        peer = socket.create_connection(listener.getsockname())
+        ours, _ = listener.accept()
+        ours.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        ours.setblocking(False)
+        peer.setblocking(False)
+        channel = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 1))
+        channel.makeConnection(
+            tcp.Server(ours, channel, ("127.0.0.1", 1), None, 1, MemoryReactor())
+        )
+        channel.dataReceived(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+        )
+        await started.wait()
+        request = channel._channel.requests[-1]
+        new = scopes[0][body_now.SCOPE_KEY]
+
+        def old(data: bytes) -> None:
+            request.handle_reply({"type": "http.response.body", "body": data, "more_body": True})
+
+        def drain() -> None:
+            try:
+                while peer.recv(1 << 20):
+                    pass
+            except BlockingIOError:
+                pass
+
+        frame = chat_delta(1)
+        out = []
+        for fn in (new, old):
+            t0 = time.perf_counter()
+            for i in range(n):
+                fn(frame)
+                if i % 64 == 63:
+                    drain()
+            out.append((time.perf_counter() - t0) / n * 1e6)
+            drain()
+        for sock in (peer, ours, listener):
+            sock.close()
+        return out[0], out[1]
+
+    return asyncio.run(measure())
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--events", type=int, default=200_000)
@@ -131,9 +216,11 @@ def main() -> int:
         old_read = asyncio.run(read_us(False, args.events))
         new_plain = plain_us(True, args.events)
         old_plain = plain_us(False, args.events)
+        new_write, old_write = write_us(min(args.events, 50_000))
         print(
             f"round {r}: read {new_read:.2f} µs (aiter_raw {old_read:.2f}) · "
-            f"plain delta {new_plain:.2f} µs (feed + checks {old_plain:.2f})"
+            f"plain delta {new_plain:.2f} µs (feed + checks {old_plain:.2f}) · "
+            f"write {new_write:.2f} µs (Daphne's reply {old_write:.2f})"
         )
     return 0
 

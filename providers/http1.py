@@ -96,7 +96,8 @@ class _Conn(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._write_paused = False
         self._drained: asyncio.Future[None] | None = None
-        # Set while the reader waits (`Body.wait`): takes body chunks as they arrive (`on_body`).
+        # Set while the reader waits (`Body.wait`): takes what each read brings of the body
+        # (`data_received`).
         self.sink: Callable[[bytes], bool] | None = None
         self.sink_error: Exception | None = None
         self._begin()
@@ -137,6 +138,8 @@ class _Conn(asyncio.Protocol):
             self._fail(httpx.RemoteProtocolError(f"malformed HTTP answer: {exc}"))
             self.close()
             return
+        if self.sink is not None and self.chunks:
+            self._offer(self.sink)
         if not self.headers_done:
             self.head_bytes += len(data)
             if self.head_bytes > MAX_HEAD:
@@ -207,19 +210,26 @@ class _Conn(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         if not body:
             return  # an empty read would read as the end of the body (`Body.ready`)
-        sink = self.sink
-        if sink is not None and not self.chunks:
-            try:
-                if sink(body):
-                    return
-            except Exception as exc:  # the reader's own fault, not the answer's: raised to it
-                self.sink_error = exc
-            # This chunk and all after it wait for the reader, in order.
-            self.sink = None
         self.chunks.append(body)
         self.buffered += len(body)
         if self.buffered > READ_HIGH_WATER and self.transport is not None:
             self.transport.pause_reading()
+        if self.sink is None:
+            self._wake()
+        # else offered to the sink, with the rest of this read, once it is parsed (`_offer`)
+
+    def _offer(self, sink: Callable[[bytes], bool]) -> None:
+        """Hands what this read brought of the body to the reader's sink, as one chunk (the
+        reader waits, so nothing came before it): one write to the client per upstream read, as
+        the reader's own loop makes. Declined, it waits for the reader, and so does all after."""
+        data = b"".join(self.chunks) if len(self.chunks) > 1 else self.chunks[0]
+        try:
+            if sink(data):
+                self.discard()
+                return
+        except Exception as exc:  # the reader's own fault, not the answer's: raised to it
+            self.sink_error = exc
+        self.sink = None
         self._wake()
 
     def on_message_complete(self) -> None:
@@ -319,9 +329,10 @@ class Body(httpx.AsyncByteStream):
 
     async def wait(self, sink: Callable[[bytes], bool] | None = None) -> None:
         """Until more of the body, its end or an error has arrived. Meanwhile `sink`, when given,
-        is offered each chunk as it arrives (from the connection's data callback, not a task):
-        a chunk it takes (True) is done with; the first it declines, and every chunk after it,
-        are kept for `ready` and end the wait. An exception it raises is raised by `ready`."""
+        is offered what each read of the connection brings of the body, as one chunk (from the
+        connection's data callback, not a task): a chunk it takes (True) is done with; the first
+        it declines, and every chunk after it, are kept for `ready` and end the wait. An
+        exception it raises is raised by `ready`."""
         conn = self._conn
         if conn is None:
             return

@@ -15,7 +15,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import httpx
 
@@ -24,6 +24,7 @@ from providers.masking import NO_MASK, Masker
 from providers.wire import chat
 from providers.wire.commit import (
     CommitScanner,
+    Decision,
     EndState,
     EventClass,
     Phase,
@@ -707,12 +708,23 @@ class _ReadTimer:
 
 class _Push:
     """What `_stream` hands chunks to while `_chunks` waits: `sink(chunk)` takes a chunk at
-    once, from the connection's data callback (True), or leaves it to the loop (False)."""
+    once, from the connection's data callback (True), or leaves it to the loop (False). A sink
+    that read the chunk before it left it (the scanner cannot read a chunk twice) puts what it
+    read in `fed`: the chunk it declined is the next one the loop gets."""
 
-    __slots__ = ("sink",)
+    __slots__ = ("fed", "sink")
 
     def __init__(self) -> None:
         self.sink: Callable[[bytes], bool] | None = None
+        self.fed: _Fed | None = None
+
+
+class _Fed(NamedTuple):
+    """One upstream chunk read by `_stream`'s scanner: its decision and, unless it failed,
+    where the batch must stop (`cut_at`)."""
+
+    decision: Decision
+    cut: tuple[int, StreamFailure, str | None] | None
 
 
 async def _chunks(
@@ -817,6 +829,15 @@ async def _stream(
             found.append((tool[0], _undeclared_stream_failure(tool[1]), tool[1]))
         return min(found, key=lambda f: f[0]) if found else None
 
+    def read(chunk: bytes) -> _Fed:
+        nonlocal usage
+        seen_bad = scanner.malformed
+        decision = scanner.feed(chunk)
+        if decision.phase is Phase.FAILED:
+            return _Fed(decision, None)
+        usage = _scan_usage(decision.events, usage)
+        return _Fed(decision, cut_at(decision.events, seen_bad))
+
     push = _Push()
 
     async def commit_with(data: bytes) -> None:
@@ -825,20 +846,29 @@ async def _stream(
         await responder.commit(200, list(SSE_HEADERS), target)
         await responder.write(b"".join(pending) + data)
         pending = []
-        # A pass-through's plain deltas (the loop's first branch below) are written as they
-        # arrive, without a wake-up of this task each, when the server can write at once
-        # (`server.body_now`; issue #24). Anything else still comes through the loop.
+        # From here on, what a chunk needs is usually only a write: when the server can write
+        # at once (`server.body_now`; issue #24), each chunk is handled from the upstream
+        # connection's callback, without a wake-up of this task, exactly as the loop below
+        # would (its plain-delta branch, or `read` and the last branch). A chunk that fails or
+        # cuts the stream is left to the loop with what was read of it.
         writer_now = getattr(responder, "writer_now", None)
-        write = writer_now() if translator is None and writer_now is not None else None
+        write = writer_now() if writer_now is not None else None
         if write is not None:
 
-            def plain_now(chunk: bytes) -> bool:
-                if not scanner.plain(chunk):
+            def now(chunk: bytes) -> bool:
+                if translator is None and scanner.plain(chunk):
+                    write(chunk)
+                    return True
+                fed = read(chunk)
+                if fed.cut is not None or fed.decision.phase is Phase.FAILED:
+                    push.fed = fed
                     return False
-                write(chunk)
+                data = translate(fed.decision.events)
+                if data:
+                    write(data)
                 return True
 
-            push.sink = plain_now
+            push.sink = now
 
     def failed_before_commit(tool: str | None) -> Outcome:
         if tool is not None:
@@ -853,13 +883,15 @@ async def _stream(
 
     try:
         async for chunk in _chunks(resp, first_byte_ms, idle_ms, push):
-            if committed and scanner.plain(chunk):
-                # One plain output delta of a pass-through (the usual streamed event): nothing
-                # in it for the usage, tool-call, masking or end checks below.
-                await responder.write(chunk)
-                continue
-            seen_bad = scanner.malformed
-            decision = scanner.feed(chunk)
+            fed, push.fed = push.fed, None  # read already by the sink, which left it here
+            if fed is None:
+                if committed and translator is None and scanner.plain(chunk):
+                    # One plain output delta of a pass-through (the usual streamed event):
+                    # nothing in it for the usage, tool-call, masking or end checks below.
+                    await responder.write(chunk)
+                    continue
+                fed = read(chunk)
+            decision, cut = fed
             if decision.phase is Phase.FAILED:
                 assert decision.failure is not None
                 # A failure stops the scan at the failing frame, so search the whole batch.
@@ -868,8 +900,6 @@ async def _stream(
                 return Outcome(
                     False, _failure_from_stream(decision.failure, "error"), malformed=bad_frames()
                 )
-            usage = _scan_usage(decision.events, usage)
-            cut = cut_at(decision.events, seen_bad)
             if cut is not None:
                 cut_malformed = int(cut[2] is None)
                 # Before output this is a failed attempt (hop); after commit the client gets

@@ -5,9 +5,9 @@ request's task, its whole await chain and the send's own coroutines, though Daph
 waits for anything (it hands the bytes to Twisted, which sends them or queues what the socket did
 not take). The worker puts a plain function under `SCOPE_KEY` in each HTTP scope: called with a
 body chunk (`more_body` true), it writes it before it returns, exactly as that `send` would. The
-proxy uses it only for the commonest event of a committed pass-through stream, from the upstream
-connection's own data callback (`providers.http1`). A server without it (uvicorn, tests' ASGI
-clients) gets the ordinary `send` for every chunk.
+proxy uses it for a committed stream's chunks, from the upstream connection's own data callback
+(`providers.http1`). A server without it (uvicorn, tests' ASGI clients) gets the ordinary `send`
+for every chunk.
 """
 
 from __future__ import annotations

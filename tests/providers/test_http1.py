@@ -680,10 +680,10 @@ class Lockstep:
     everything before it (so each arrives while the reader waits); later answers as
     `chunked_stream`."""
 
-    def __init__(self, together: int = -1) -> None:
+    def __init__(self, together: frozenset[int] = frozenset()) -> None:
         # Bytes of the body the reader (or its sink) has taken; -1 until it starts reading.
         self.taken = -1
-        self.together = together  # this part goes out in one write with the one before it
+        self.together = together  # these parts go out in one write with the one before each
 
     async def __call__(self, writer: asyncio.StreamWriter, n: int) -> None:
         if n:
@@ -692,10 +692,10 @@ class Lockstep:
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
         sent = 0
         for i, part in enumerate(STREAM_PARTS):
-            if i != self.together:
+            if i not in self.together:
                 await until(lambda sent=sent: self.taken >= sent)  # type: ignore[misc]
             writer.write(b"%x\r\n%s\r\n" % (len(part), part))
-            if i + 1 != self.together:
+            if i + 1 not in self.together:
                 await writer.drain()
             sent += len(part)
         writer.write(b"0\r\n\r\n")
@@ -727,19 +727,24 @@ async def _read_with_sink(
     return got
 
 
-async def test_a_sink_takes_chunks_as_they_arrive_and_the_first_it_declines_waits_in_order() -> (
+async def test_a_sink_takes_each_read_as_it_arrives_and_the_first_it_declines_waits_in_order() -> (
     None
 ):
     declined = STREAM_PARTS[5]
-    answer = Lockstep(together=6)  # part 6 arrives in the same read as the declined part 5
+    # Parts 2 and 3 arrive in one read, and so do the declined part 5 and part 6.
+    answer = Lockstep(together=frozenset({3, 6}))
     async with Server(answer) as srv:
         async with client() as c:
-            got = await _read_with_sink(await raw_post(c, srv.url), lambda c: c != declined, answer)
-            # Every part once, in order: the declined one through the reader, with the part
-            # that arrived behind it (never handed to the sink ahead of it); every other one,
-            # each arriving while the reader waited, taken by the sink as it came.
+            resp = await raw_post(c, srv.url)
+            got = await _read_with_sink(resp, lambda c: not c.startswith(declined), answer)
+            # Every part once, in order: what one read brought, as one chunk (one write to the
+            # client, not one per part); the declined read through the reader (the part behind
+            # it never handed to the sink ahead of it); every other read, each arriving while
+            # the reader waited, taken by the sink as it came.
             assert got == [
-                *[("sink", part) for part in STREAM_PARTS[:5]],
+                *[("sink", part) for part in STREAM_PARTS[:2]],
+                ("sink", STREAM_PARTS[2] + STREAM_PARTS[3]),
+                ("sink", STREAM_PARTS[4]),
                 ("reader", declined + STREAM_PARTS[6]),
                 *[("sink", part) for part in STREAM_PARTS[7:]],
             ]

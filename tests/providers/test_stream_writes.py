@@ -220,7 +220,8 @@ class NowSink(Sink):
         self.now = now
 
     async def write(self, data: bytes) -> None:
-        self.log.append(("write", data))
+        if data:  # as `Exchange.write`: an empty write sends nothing
+            self.log.append(("write", data))
 
     def writer_now(self) -> Any:
         return self._write_now if self.now else None
@@ -235,10 +236,14 @@ async def _through_http1(
     *,
     idle_ms: int = 5000,
     stall_after: int | None = None,
+    inbound: str = "chat",
+    writes_after: list[int | None] | None = None,
 ) -> Any:
     """`upstream._stream` over ocx's own transport from a real socket: the upstream sends each
     frame as one chunk once the client side has everything before it (so each arrives while the
-    stream waits), or stops sending after `stall_after` frames and holds the connection."""
+    stream waits), or stops sending after `stall_after` frames and holds the connection. A
+    translated stream's output is not its input: `writes_after[i]` is then how many writes the
+    client side has once frame `i` is handled (None: do not wait)."""
     from providers.http1 import Http1Transport
 
     sent: list[bytes] = []
@@ -258,7 +263,12 @@ async def _through_http1(
             writer.write(b"%x\r\n%s\r\n" % (len(frame), frame))
             await writer.drain()
             sent.append(frame)
-            if i >= 1:  # the role chunk waits for the first delta (the commit)
+            if writes_after is not None:
+                count = writes_after[i]
+                async with asyncio.timeout(5):
+                    while count is not None and len(sink.log) < count:
+                        await asyncio.sleep(0)
+            elif i >= 1:  # the role chunk waits for the first delta (the commit)
                 async with asyncio.timeout(5):
                     while written() < sum(map(len, sent)):
                         await asyncio.sleep(0)
@@ -275,7 +285,7 @@ async def _through_http1(
         resp = await transport.handle_async_request(request)
         return await upstream._stream(
             resp,
-            "chat",
+            inbound,  # type: ignore[arg-type]
             "chat",
             TargetSpec("p", "m"),
             sink,
@@ -289,24 +299,71 @@ async def _through_http1(
         server.close()
 
 
-def test_plain_deltas_of_a_committed_pass_through_are_written_at_once_in_order() -> None:
+def test_a_committed_pass_through_is_written_at_once_in_order() -> None:
     frames = [ROLE] + [cdelta(i) for i in range(6)] + [FINISH, USAGE, DONE]
     for now in (True, False):
         sink = NowSink(now)
         outcome = asyncio.run(_through_http1(frames, sink))
         assert outcome.committed and outcome.failure is None
-        assert (outcome.usage.input, outcome.usage.output) == (3, 7)
+        assert (outcome.usage.input, outcome.usage.output) == (3, 7)  # read from the callback
         how = "now" if now else "write"
-        # The commit (pending role chunk and first delta) and everything that is not a plain
-        # delta go through the task's own write; the plain deltas after the commit, when the
-        # server can write at once, straight from the connection's callback.
+        # The commit (pending role chunk and first delta) goes through the task's own write;
+        # every chunk after it, when the server can write at once, straight from the
+        # connection's callback (plain deltas as they came, the rest as the loop would).
         assert sink.log == [
             ("write", ROLE + cdelta(0)),
             *[(how, cdelta(i)) for i in range(1, 6)],
-            ("write", FINISH),
-            ("write", USAGE),
-            ("write", DONE),
+            (how, FINISH),
+            (how, USAGE),
+            (how, DONE),
         ]
+
+
+def test_a_committed_translated_stream_is_written_at_once_as_the_loop_would() -> None:
+    # A Responses client on a Chat upstream: each chunk after the commit is read and
+    # translated in the connection's callback; the client gets the same bytes either way.
+    frames = [ROLE] + [cdelta(i) for i in range(6)] + [FINISH, USAGE, DONE]
+    logs = {}
+    for now in (True, False):
+        sink = NowSink(now)
+        # The role chunk is held, each delta after it one write; the finish, usage and [DONE]
+        # chunks translate to nothing until the body ends.
+        writes: list[int | None] = [None, 1, 2, 3, 4, 5, 6, None, None, None]
+        run = _through_http1(frames, sink, inbound="responses", writes_after=writes)
+        outcome = asyncio.run(run)
+        assert outcome.committed and outcome.failure is None
+        assert (outcome.usage.input, outcome.usage.output) == (3, 7)
+        logs[now] = sink.log
+    # The commit, one write per delta after it, and the closing events with the chunk that
+    # ends the stream (`[DONE]`).
+    assert [h for h, _ in logs[True]] == ["write"] + ["now"] * 6
+    assert [h for h, _ in logs[False]] == ["write"] * 7
+    assert [d for _, d in logs[True]] == [d for _, d in logs[False]]
+    text = b"".join(d for _, d in logs[True]).decode()
+    assert text.count("event: response.output_text.delta") == 6
+    assert "response.completed" in logs[True][-1][1].decode()
+    assert text.count("response.completed") == 2  # its event line and type field, once
+
+
+def test_a_chunk_that_cuts_a_translated_stream_is_left_to_the_loop_with_what_was_read() -> None:
+    # The scanner cannot read a chunk twice: the callback reads the malformed frame, leaves
+    # the chunk and its reading to the loop, which ends the stream with the explicit error.
+    bad = b"data: {not json}\n\n"
+    frames = [ROLE, cdelta(0), cdelta(1), bad, cdelta(2), FINISH, DONE]
+    logs = {}
+    for now in (True, False):
+        sink = NowSink(now)
+        writes: list[int | None] = [None, 1, 2, 3]
+        run = _through_http1(frames, sink, inbound="responses", stall_after=4, writes_after=writes)
+        outcome = asyncio.run(run)
+        assert outcome.committed and outcome.failure is not None
+        assert outcome.malformed == 1
+        assert "malformed" in outcome.failure.message
+        logs[now] = sink.log
+    assert [h for h, _ in logs[True]] == ["write", "now", "write"]
+    assert [d for _, d in logs[True]] == [d for _, d in logs[False]]
+    assert b"malformed" in logs[True][-1][1]  # the explicit terminal error, once
+    assert b"w2" not in b"".join(d for _, d in logs[True])  # nothing after the cut
 
 
 def test_each_delta_written_at_once_restarts_the_idle_window(
@@ -320,8 +377,8 @@ def test_each_delta_written_at_once_restarts_the_idle_window(
     sink = NowSink(True)
     outcome = asyncio.run(_through_http1(frames, sink, idle_ms=750))
     assert outcome.committed and outcome.failure is None
-    assert [how for how, _ in sink.log] == ["write"] + ["now"] * 6 + ["write", "write"]
-    assert moves == [0.75] * 6
+    assert [how for how, _ in sink.log] == ["write"] + ["now"] * 8
+    assert moves == [0.75] * 8
 
 
 def test_a_stream_that_stalls_after_deltas_written_at_once_still_times_out() -> None:

@@ -75,6 +75,29 @@ def test_a_uvicorn_worker_does_not_load_twisted() -> None:
     assert got == {"twisted": False, "daphne": False, "OpenSSL": False}
 
 
+def _install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`daphne_main.install()` for one test: every class attribute it patches is put back."""
+    from daphne import http_protocol
+    from daphne.server import Server
+
+    from server import body_limits, daphne_main
+
+    monkeypatch.setattr(http_protocol, "http", http_protocol.http)
+    monkeypatch.setattr(body_limits, "checked_by_server", body_limits.checked_by_server)
+    for cls, name in (
+        (http_protocol.WebRequest, "process"),
+        (http_protocol.WebRequest, "__init__"),
+        (http_protocol.WebRequest, "handleContentChunk"),
+        (http_protocol.HTTPFactory, "log"),
+        (http.HTTPChannel, "allHeadersReceived"),
+        (Server, "create_application"),
+    ):
+        monkeypatch.setattr(
+            cls, name, cls.__dict__[name] if name in cls.__dict__ else getattr(cls, name)
+        )
+    daphne_main.install()
+
+
 def test_twisted_formats_no_access_log_line(monkeypatch: pytest.MonkeyPatch) -> None:
     import io
 
@@ -83,16 +106,8 @@ def test_twisted_formats_no_access_log_line(monkeypatch: pytest.MonkeyPatch) -> 
 
     from server import daphne_main
 
-    # install() patches Daphne's classes for the worker; undo it for the rest of this process.
-    monkeypatch.setattr(http_protocol, "http", http_protocol.http)
-    for cls, name in (
-        (http_protocol.WebRequest, "process"),
-        (http_protocol.WebRequest, "__init__"),
-        (http_protocol.HTTPFactory, "log"),
-        (Server, "create_application"),
-    ):
-        monkeypatch.setattr(cls, name, getattr(cls, name))
-    daphne_main.install()
+    # install() patches Daphne's classes for the worker; undone for the rest of this process.
+    _install(monkeypatch)
     assert Server.create_application is daphne_main._create_application_reaped
     factory = http_protocol.HTTPFactory(server=None)
     factory._logFile = written = io.StringIO()  # where Twisted would write the line
@@ -239,21 +254,10 @@ def test_daphne_reads_twisted_http_without_the_deprecation_proxy(
     import types
 
     from daphne import http_protocol
-    from daphne.server import Server
     from twisted.python.deprecate import _ModuleProxy
 
-    from server import daphne_main
-
-    monkeypatch.setattr(http_protocol, "http", http_protocol.http)
-    for cls, name in (
-        (http_protocol.WebRequest, "process"),
-        (http_protocol.WebRequest, "__init__"),
-        (http_protocol.HTTPFactory, "log"),
-        (Server, "create_application"),
-    ):
-        monkeypatch.setattr(cls, name, getattr(cls, name))
     assert isinstance(http_protocol.http, _ModuleProxy)  # as Twisted ships it
-    daphne_main.install()
+    _install(monkeypatch)
     assert type(http_protocol.http) is types.ModuleType
     # The same classes: Daphne's `http.Request.write(self, …)` is Twisted's.
     assert http_protocol.http.Request is http.Request
@@ -261,7 +265,123 @@ def test_daphne_reads_twisted_http_without_the_deprecation_proxy(
     assert isinstance(http, _ModuleProxy)  # everyone else's reference is left as it was
 
 
-async def test_an_http_request_can_write_a_body_chunk_at_once_until_it_is_disconnected() -> None:
+def _daphne_connection(app: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, StringTransport]:
+    """A real Daphne HTTP connection (its factory, channel and `WebRequest`) over an in-memory
+    transport, patched as in a worker (`install`); `app` runs on the test's loop."""
+    from daphne import http_protocol
+    from daphne.server import Server
+    from twisted.internet.address import IPv4Address
+
+    _install(monkeypatch)
+    server = Server(application=app, endpoints=["tcp:port=0:interface=127.0.0.1"])
+    server.connections = {}  # as `Server.run` starts it (not run here)
+    factory = http_protocol.HTTPFactory(server)
+    factory.timeOut = None  # no idle timer on the (not running) reactor
+    channel = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 8000))
+    transport = StringTransport()
+    channel.makeConnection(transport)
+    return channel, transport
+
+
+def _request(version: bytes = b"HTTP/1.1") -> bytes:
+    return b"POST /v1/chat/completions " + version + b"\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+
+
+async def test_an_http_request_writes_a_streamed_body_chunk_at_once_until_it_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from server import body_now
+
+    steps: list[str] = []
+    done = asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        now = scope[body_now.SCOPE_KEY]
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"a", b"b")]})
+        now(b"data: 0\n\n")  # nothing written yet: Daphne's own path writes the head first
+        steps.append("first")
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        now(b'data: {"delta":"twenty"}\n\n')  # done when it returns: no coroutine, no loop turn
+        steps.append("written")
+        now(b"")  # nothing: an empty chunk would end a chunked body
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        now(b"data: 3\n\n")  # the response is finished: nothing more goes out
+        done.set()
+
+    channel, transport = _daphne_connection(app, monkeypatch)
+    channel.dataReceived(_request())
+    await asyncio.wait_for(done.wait(), 5)
+    assert steps == ["first", "written"]
+    head, _, body = transport.value().partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert b"Transfer-Encoding: chunked" in head
+    assert body == (
+        b"9\r\ndata: 0\n\n\r\n"
+        b"9\r\ndata: 1\n\n\r\n"
+        b'1a\r\ndata: {"delta":"twenty"}\n\n\r\n'  # the chunk's size in hex
+        b"0\r\n\r\n"
+    )
+    assert channel._channel.requests == []  # the request is done with (keep-alive)
+
+
+async def test_a_streamed_body_chunk_is_not_written_once_the_client_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from twisted.internet.error import ConnectionDone
+    from twisted.python.failure import Failure
+
+    from server import body_now
+
+    gone = asyncio.Event()
+    done = asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        now = scope[body_now.SCOPE_KEY]
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        await gone.wait()
+        now(b"data: 2\n\n")  # no error, nothing written
+        done.set()
+
+    channel, transport = _daphne_connection(app, monkeypatch)
+    channel.dataReceived(_request())
+    for _ in range(20):
+        await asyncio.sleep(0)
+    sent = transport.value()
+    assert sent.endswith(b"9\r\ndata: 1\n\n\r\n")
+    channel.connectionLost(Failure(ConnectionDone()))
+    gone.set()
+    await asyncio.wait_for(done.wait(), 5)
+    assert transport.value() == sent
+
+
+async def test_a_body_that_is_not_chunked_takes_daphnes_own_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from server import body_now
+
+    done = asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        now = scope[body_now.SCOPE_KEY]
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        now(b"data: 2\n\n")
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        done.set()
+
+    channel, transport = _daphne_connection(app, monkeypatch)
+    channel.dataReceived(_request(b"HTTP/1.0"))  # no chunked encoding in HTTP/1.0
+    await asyncio.wait_for(done.wait(), 5)
+    head, _, body = transport.value().partition(b"\r\n\r\n")
+    assert b"chunked" not in head
+    assert body == b"data: 1\n\ndata: 2\n\n"
+
+
+async def test_only_http_scopes_get_the_body_write() -> None:
     from daphne.server import Server
 
     from server import body_now, daphne_main
@@ -271,27 +391,12 @@ async def test_an_http_request_can_write_a_body_chunk_at_once_until_it_is_discon
     async def app(scope: Any, receive: Any, send: Any) -> None:
         scopes.append(scope)
 
-    class Protocol:
-        def __init__(self) -> None:
-            self.replies: list[dict[str, Any]] = []
-
-        def handle_reply(self, message: dict[str, Any]) -> None:
-            self.replies.append(message)
-
     server = Server(application=app, endpoints=["tcp:port=0:interface=127.0.0.1"])
-    protocol, socket_protocol = Protocol(), Protocol()
+    protocol, socket_protocol = object(), object()
     server.connections = {protocol: {}, socket_protocol: {}}
     daphne_main._create_application_reaped(server, protocol, {"type": "http"})
     daphne_main._create_application_reaped(server, socket_protocol, {"type": "websocket"})
     await asyncio.sleep(0)
     http_scope, socket_scope = scopes
+    assert callable(http_scope[body_now.SCOPE_KEY])
     assert body_now.SCOPE_KEY not in socket_scope  # HTTP responses only
-    write = http_scope[body_now.SCOPE_KEY]
-    write(b"data: 1\n\n")  # done when it returns: no coroutine, no loop turn
-    assert protocol.replies == [
-        {"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True}
-    ]
-    # As Daphne's own send: nothing for a request whose connection is gone.
-    server.protocol_disconnected(protocol)
-    write(b"data: 2\n\n")
-    assert len(protocol.replies) == 1
