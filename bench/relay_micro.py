@@ -55,6 +55,8 @@ class _Conn:
         self.buffered = 0
         self.transport = None
         self.pool = self
+        self.sink = None
+        self.sink_error = None
 
     def take(self) -> bytes:
         chunk = self.chunks[0]
