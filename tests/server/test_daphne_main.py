@@ -325,22 +325,28 @@ async def test_an_http_request_writes_a_streamed_body_chunk_at_once_until_it_end
     assert channel._channel.requests == []  # the request is done with (keep-alive)
 
 
+async def _first_chunk_sent(scope: Any, receive: Any, send: Any) -> Any:
+    """An application's start: the request read, the head and a first chunk sent through ASGI;
+    the scope's synchronous body write."""
+    from server import body_now
+
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+    return scope[body_now.SCOPE_KEY]
+
+
 async def test_a_streamed_body_chunk_is_not_written_once_the_client_is_gone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from twisted.internet.error import ConnectionDone
     from twisted.python.failure import Failure
 
-    from server import body_now
-
     gone = asyncio.Event()
     done = asyncio.Event()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        await receive()
-        now = scope[body_now.SCOPE_KEY]
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        now = await _first_chunk_sent(scope, receive, send)
         await gone.wait()
         now(b"data: 2\n\n")  # no error, nothing written
         done.set()
@@ -360,15 +366,11 @@ async def test_a_streamed_body_chunk_is_not_written_once_the_client_is_gone(
 async def test_a_body_that_is_not_chunked_takes_daphnes_own_write(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from server import body_now
 
     done = asyncio.Event()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        await receive()
-        now = scope[body_now.SCOPE_KEY]
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        now = await _first_chunk_sent(scope, receive, send)
         now(b"data: 2\n\n")
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         done.set()
