@@ -332,7 +332,8 @@ class Body(httpx.AsyncByteStream):
         is offered what each read of the connection brings of the body, as one chunk (from the
         connection's data callback, not a task): a chunk it takes (True) is done with; the first
         it declines, and every chunk after it, are kept for `ready` and end the wait. An
-        exception it raises is raised by `ready`."""
+        exception it raises is raised by `ready`, ahead of the chunk it was offered, which stays
+        kept as if declined."""
         conn = self._conn
         if conn is None:
             return

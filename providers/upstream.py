@@ -710,7 +710,7 @@ class _Push:
     """What `_stream` hands chunks to while `_chunks` waits: `sink(chunk)` takes a chunk at
     once, from the connection's data callback (True), or leaves it to the loop (False). A sink
     that read the chunk before it left it (the scanner cannot read a chunk twice) puts what it
-    read in `fed`: the chunk it declined is the next one the loop gets."""
+    read in `fed`: the chunk it declined is the start of what the loop gets next."""
 
     __slots__ = ("fed", "sink")
 
@@ -740,11 +740,12 @@ async def _chunks(
     push = push or _Push()
 
     def pushed(chunk: bytes) -> bool:
+        # Data arrived: a read, whether the sink takes it or leaves it to this loop. A deadline
+        # due in the same loop turn (timers run after the socket's callbacks) must not cancel
+        # the task before it gets a chunk the sink declined with its reading in `push.fed`.
+        timer.moved(limit)
         sink = push.sink
-        if sink is not None and sink(chunk):
-            timer.moved(limit)
-            return True
-        return False
+        return sink is not None and sink(chunk)
 
     try:
         body = resp.stream

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -238,12 +239,14 @@ async def _through_http1(
     stall_after: int | None = None,
     inbound: str = "chat",
     writes_after: list[int | None] | None = None,
+    block_after: int | None = None,
 ) -> Any:
     """`upstream._stream` over ocx's own transport from a real socket: the upstream sends each
     frame as one chunk once the client side has everything before it (so each arrives while the
     stream waits), or stops sending after `stall_after` frames and holds the connection. A
     translated stream's output is not its input: `writes_after[i]` is then how many writes the
-    client side has once frame `i` is handled (None: do not wait)."""
+    client side has once frame `i` is handled (None: do not wait). After frame `block_after`
+    the upstream blocks the whole loop for 1.5 idle windows, then holds the connection."""
     from providers.http1 import Http1Transport
 
     sent: list[bytes] = []
@@ -263,6 +266,11 @@ async def _through_http1(
             writer.write(b"%x\r\n%s\r\n" % (len(frame), frame))
             await writer.drain()
             sent.append(frame)
+            if i == block_after:
+                # The worker's loop busy past the idle deadline (a burst): when it runs again the
+                # frame's arrival and the deadline are due in the same turn.
+                time.sleep(idle_ms / 1000 * 1.5)
+                await asyncio.sleep(30)  # cancelled when the test ends
             if writes_after is not None:
                 count = writes_after[i]
                 async with asyncio.timeout(5):
@@ -349,7 +357,10 @@ def test_a_chunk_that_cuts_a_translated_stream_is_left_to_the_loop_with_what_was
     # The scanner cannot read a chunk twice: the callback reads the malformed frame, leaves
     # the chunk and its reading to the loop, which ends the stream with the explicit error.
     bad = b"data: {not json}\n\n"
-    frames = [ROLE, cdelta(0), cdelta(1), bad, cdelta(2), FINISH, DONE]
+    # A delta, the malformed frame and the start of the next frame in one read: read twice,
+    # the held start would be glued to the chunk's own bytes and the delta lost.
+    frames = [ROLE, cdelta(0), cdelta(1), cdelta(2) + bad + b'data: {"id":"c","cho']
+    frames += [cdelta(3), FINISH, DONE]
     logs = {}
     for now in (True, False):
         sink = NowSink(now)
@@ -360,10 +371,12 @@ def test_a_chunk_that_cuts_a_translated_stream_is_left_to_the_loop_with_what_was
         assert outcome.malformed == 1
         assert "malformed" in outcome.failure.message
         logs[now] = sink.log
-    assert [h for h, _ in logs[True]] == ["write", "now", "write"]
+    # What preceded the malformed frame, then the explicit terminal error, from the loop.
+    assert [h for h, _ in logs[True]] == ["write", "now", "write", "write"]
     assert [d for _, d in logs[True]] == [d for _, d in logs[False]]
-    assert b"malformed" in logs[True][-1][1]  # the explicit terminal error, once
-    assert b"w2" not in b"".join(d for _, d in logs[True])  # nothing after the cut
+    assert b'"delta":"w2 "' in logs[True][2][1]
+    assert b"malformed" in logs[True][-1][1]  # once
+    assert b"w3" not in b"".join(d for _, d in logs[True])  # nothing after the cut
 
 
 def test_each_delta_written_at_once_restarts_the_idle_window(
@@ -389,3 +402,22 @@ def test_a_stream_that_stalls_after_deltas_written_at_once_still_times_out() -> 
     assert "stalled (idle timeout)" in outcome.failure.message
     assert [how for how, _ in sink.log] == ["write", "now", "now", "now", "write"]
     assert b"stalled (idle timeout)" in sink.log[-1][1]  # the explicit terminal error frame
+
+
+def test_a_cut_left_to_the_loop_is_not_lost_to_an_idle_deadline_due_in_the_same_turn() -> None:
+    # A call to an undeclared tool, the finish and [DONE] arrive in one read as the idle
+    # deadline passes: the callback reads them (the scanner sees the end) and leaves the cut to
+    # the loop. The read counts, so the deadline cannot cancel the task before it ends the
+    # stream with the explicit error; the stream must not pass for complete.
+    call = {"index": 0, "id": "t1", "type": "function"}
+    call["function"] = {"name": "rm_rf", "arguments": "{}"}
+    choice = {"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}
+    tool = f"data: {dumps({'id': 'c', 'choices': [choice]})}\n\n".encode()
+    end = b'data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}\n\n'
+    frames = [ROLE, cdelta(0), cdelta(1), tool + end + DONE]
+    sink = NowSink(True)
+    outcome = asyncio.run(_through_http1(frames, sink, idle_ms=100, block_after=3))
+    assert outcome.committed and outcome.failure is not None
+    assert outcome.failure.transport == "undeclared_tool", outcome.failure
+    assert [how for how, _ in sink.log] == ["write", "now", "write"]
+    assert b"rm_rf" in sink.log[-1][1] and b"w2" not in sink.log[-1][1]
