@@ -31,6 +31,8 @@ from usage.budgets import (
 UTC = ZoneInfo("UTC")
 
 
+# The dates lie in 2037, whose calendar is 2026's: in Redis a counter expires an hour after its
+# period by the server's own clock, so a period already over in real time would be gone at once.
 def ms(text: str) -> int:
     return int(dt.datetime.fromisoformat(text).timestamp() * 1000)
 
@@ -107,32 +109,32 @@ def test_cli_syntax() -> None:
 
 
 def test_periods_in_utc() -> None:
-    now = ms("2026-12-03T15:04:05+00:00")  # a Thursday
+    now = ms("2037-12-03T15:04:05+00:00")  # a Thursday
     assert period_bounds("day", now, UTC) == (
-        "2026-12-03",
-        ms("2026-12-03T00:00:00+00:00"),
-        ms("2026-12-04T00:00:00+00:00"),
+        "2037-12-03",
+        ms("2037-12-03T00:00:00+00:00"),
+        ms("2037-12-04T00:00:00+00:00"),
     )
     assert period_bounds("week", now, UTC) == (
-        "2026-11-30",
-        ms("2026-11-30T00:00:00+00:00"),
-        ms("2026-12-07T00:00:00+00:00"),
+        "2037-11-30",
+        ms("2037-11-30T00:00:00+00:00"),
+        ms("2037-12-07T00:00:00+00:00"),
     )
     assert period_bounds("month", now, UTC) == (
-        "2026-12-01",
-        ms("2026-12-01T00:00:00+00:00"),
-        ms("2027-01-01T00:00:00+00:00"),
+        "2037-12-01",
+        ms("2037-12-01T00:00:00+00:00"),
+        ms("2038-01-01T00:00:00+00:00"),
     )
 
 
 def test_periods_follow_the_configured_zone_and_dst() -> None:
     berlin = ZoneInfo("Europe/Berlin")
     # 23:30 UTC on 3 Dec is already 4 Dec in Berlin.
-    label, start, end = period_bounds("day", ms("2026-12-03T23:30:00+00:00"), berlin)
-    assert label == "2026-12-04"
-    assert start == ms("2026-12-04T00:00:00+01:00") and end == ms("2026-12-05T00:00:00+01:00")
+    label, start, end = period_bounds("day", ms("2037-12-03T23:30:00+00:00"), berlin)
+    assert label == "2037-12-04"
+    assert start == ms("2037-12-04T00:00:00+01:00") and end == ms("2037-12-05T00:00:00+01:00")
     # The day summer time ends is 25 hours long.
-    _, start, end = period_bounds("day", ms("2026-10-25T12:00:00+01:00"), berlin)
+    _, start, end = period_bounds("day", ms("2037-10-25T12:00:00+01:00"), berlin)
     assert end - start == 25 * 3600 * 1000
 
 
@@ -142,7 +144,7 @@ def test_periods_follow_the_configured_zone_and_dst() -> None:
 KEY_TOKENS = ScopedBudget("key", "k1", "key ocx_abc… of dev", TokenBudget(1000, "day"))
 USER_WINDOW = ScopedBudget("user", "u1", "user dev", WindowBudget(30.0, "cx"))
 PAIR = ("cx", "fp1")
-RESET = ms("2026-12-03T18:00:00+00:00")
+RESET = ms("2037-12-03T18:00:00+00:00")
 
 
 def codex(used: float, reset_ms: int = RESET) -> dict[str, str]:
@@ -177,7 +179,7 @@ async def gate(
 async def test_token_budget_admits_until_used_up_then_refuses_until_the_period_ends(
     gate: BudgetGate, events: list[dict[str, object]]
 ) -> None:
-    now = ms("2026-12-03T15:00:00+00:00")
+    now = ms("2037-12-03T15:00:00+00:00")
     budgets = (KEY_TOKENS,)
     assert await gate.admit(budgets, now) is None
     await gate.charge(budgets, tokens=700, served=None, now_ms=now)
@@ -190,15 +192,15 @@ async def test_token_budget_admits_until_used_up_then_refuses_until_the_period_e
     assert [e["percent"] for e in events] == [80, 100]
     assert events[1]["message"] == (
         "key ocx_abc… of dev has used 100% of its budget of 1000 tokens per day (1050 of 1000);"
-        " it resets at 2026-12-04T00:00:00+00:00"
+        " it resets at 2037-12-04T00:00:00+00:00"
     )
     refusal = await gate.admit(budgets, now)
     assert refusal is not None
     assert refusal.message() == (
         "Budget exceeded: key ocx_abc… of dev may use 1000 tokens per day and has used"
-        " 1050 tokens; it resets at 2026-12-04T00:00:00+00:00"
+        " 1050 tokens; it resets at 2037-12-04T00:00:00+00:00"
     )
-    midnight = ms("2026-12-04T00:00:00+00:00")
+    midnight = ms("2037-12-04T00:00:00+00:00")
     assert refusal.headers(now) == [
         (b"x-ocx-budget-limit", b"1000"),
         (b"x-ocx-budget-remaining", b"0"),
@@ -217,7 +219,7 @@ async def test_token_budget_admits_until_used_up_then_refuses_until_the_period_e
 async def test_window_budget_counts_each_rise_against_the_request_that_reported_it(
     gate: BudgetGate, events: list[dict[str, object]]
 ) -> None:
-    now = ms("2026-12-03T15:00:00+00:00")
+    now = ms("2037-12-03T15:00:00+00:00")
     mine = (USER_WINDOW,)
     providers = frozenset({"cx"})
     # The first answer seen only sets the baseline (10 %): nothing is attributed.
@@ -238,7 +240,7 @@ async def test_window_budget_counts_each_rise_against_the_request_that_reported_
     assert refusal is not None
     assert refusal.message() == (
         "Budget exceeded: user dev may use 30% of each cx quota window and has used 30 points"
-        " of the five_hour window; it resets at 2026-12-03T18:00:00+00:00"
+        " of the five_hour window; it resets at 2037-12-03T18:00:00+00:00"
     )
     assert refusal.headers(now)[:3] == [
         (b"x-ocx-budget-limit", b"30"),
@@ -260,7 +262,7 @@ async def test_window_budget_counts_each_rise_against_the_request_that_reported_
 async def test_window_rises_of_other_providers_or_unbudgeted_requests_are_skipped(
     gate: BudgetGate,
 ) -> None:
-    now = ms("2026-12-03T15:00:00+00:00")
+    now = ms("2037-12-03T15:00:00+00:00")
     mine = (USER_WINDOW,)
     await gate.charge(mine, tokens=None, served=(PAIR, codex(10)), now_ms=now)
     # Another provider's windows never count against a cx budget.
@@ -273,19 +275,19 @@ async def test_window_rises_of_other_providers_or_unbudgeted_requests_are_skippe
 
 
 async def test_refusal_names_the_budget_that_resets_last(gate: BudgetGate) -> None:
-    now = ms("2026-12-03T15:00:00+00:00")
+    now = ms("2037-12-03T15:00:00+00:00")
     week = ScopedBudget("user", "u1", "user dev", TokenBudget(10, "week"))
     day = ScopedBudget("key", "k1", "key ocx_abc… of dev", TokenBudget(10, "day"))
     await gate.charge((day, week), tokens=10, served=None, now_ms=now)
     refusal = await gate.admit((day, week), now)
     assert refusal is not None and refusal.budget == week
-    assert refusal.reset_ms == ms("2026-12-07T00:00:00+00:00")
+    assert refusal.reset_ms == ms("2037-12-07T00:00:00+00:00")
 
 
 async def test_one_charge_counts_every_token_budget_of_the_request(gate: BudgetGate) -> None:
     """The key's and the user's token budgets are charged together (one round trip in Redis),
     each counter on its own and expiring an hour after its own period."""
-    now = ms("2026-12-03T15:00:00+00:00")
+    now = ms("2037-12-03T15:00:00+00:00")
     user = ScopedBudget("user", "u1", "user dev", TokenBudget(100, "week"))
     key = ScopedBudget("key", "k1", "key ocx_abc… of dev", TokenBudget(50, "day"))
     await gate.charge((key, user), tokens=30, served=None, now_ms=now)
@@ -301,7 +303,7 @@ async def test_one_charge_counts_every_token_budget_of_the_request(gate: BudgetG
     if isinstance(store, RedisBudgetStore):
         day = gate._counter(key, key.budget, now)[0]  # type: ignore[arg-type]
         expires = await store.redis.execute("PEXPIRETIME", day)
-        assert expires == ms("2026-12-04T01:00:00+00:00")
+        assert expires == ms("2037-12-04T01:00:00+00:00")
 
 
 # --- OCX_TIME_ZONE --------------------------------------------------------------------------------
@@ -357,7 +359,7 @@ def test_a_budget_event_queued_at_shutdown_is_written_by_the_runtime_flush(setti
         loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(1))
         rt = Runtime()
-        now = ms("2026-12-03T15:00:00+00:00")
+        now = ms("2037-12-03T15:00:00+00:00")
         # 1050 of 1000 tokens: the 80 % and 100 % events, queued for the background writer.
         await rt.budgets.charge((KEY_TOKENS,), tokens=1050, served=None, now_ms=now)
         await rt.flush()  # what a graceful shutdown runs before the worker stops
@@ -378,7 +380,7 @@ async def test_counters_read_along_with_the_quota_gate_decide_as_the_gates_own_r
             noted.append((list(counters), list(values)))
 
     gate = BudgetGate(Noting(), prefix="t")
-    now = ms("2026-12-03T15:00:00+00:00")
+    now = ms("2037-12-03T15:00:00+00:00")
     key = ScopedBudget("key", "k1", "key ocx_abc… of dev", TokenBudget(50, "day"))
     user = ScopedBudget("user", "u1", "user dev", TokenBudget(100, "week"))
     day, week = period_bounds("day", now, UTC)[0], period_bounds("week", now, UTC)[0]
@@ -391,5 +393,5 @@ async def test_counters_read_along_with_the_quota_gate_decide_as_the_gates_own_r
     assert gate.admit_read((key, user), names, [b"49", None], now) is None
     refused = gate.admit_read((key, user), names, [b"50", b"100"], now)
     assert refused is not None and (refused.budget, refused.used) == (user, 100)
-    assert refused.reset_ms == ms("2026-12-07T00:00:00+00:00")
+    assert refused.reset_ms == ms("2037-12-07T00:00:00+00:00")
     assert noted == [(names, [49, 0]), (names, [50, 100])]

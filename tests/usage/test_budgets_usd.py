@@ -30,8 +30,10 @@ from usage.budgets import (
 
 KEY_USD = ScopedBudget("key", "k1", "key ocx_abc… of dev", UsdBudget(50.0, "month"))
 TEAM_USD = ScopedBudget("team", "t7", "team infra", UsdBudget(2.5, "day"))
-NOW = ms("2026-12-03T15:00:00+00:00")
-MONTH_END = ms("2027-01-01T00:00:00+00:00")
+# The dates lie in 2037, whose calendar is 2026's: in Redis a counter expires an hour after its
+# period by the server's own clock, so a period already over in real time would be gone at once.
+NOW = ms("2037-12-03T15:00:00+00:00")
+MONTH_END = ms("2038-01-01T00:00:00+00:00")
 
 
 def test_usd_budgets_parse_next_to_the_others() -> None:
@@ -90,7 +92,7 @@ async def test_usd_budget_refuses_in_dollars_with_events_at_80_and_100(
     assert [e["percent"] for e in events] == [80]
     assert events[0]["message"] == (
         "key ocx_abc… of dev has used 80% of its budget of $50.00 per month ($40.01 of $50.00);"
-        " it resets at 2027-01-01T00:00:00+00:00"
+        " it resets at 2038-01-01T00:00:00+00:00"
     )
     assert (events[0]["used"], events[0]["limit"]) == (40.01, 50.0)
     # Tokens alone (a free answer) add nothing to a dollar budget.
@@ -102,7 +104,7 @@ async def test_usd_budget_refuses_in_dollars_with_events_at_80_and_100(
     assert refusal is not None
     assert refusal.message() == (
         "Budget exceeded: key ocx_abc… of dev may use $50.00 per month and has used $50.12;"
-        " it resets at 2027-01-01T00:00:00+00:00"
+        " it resets at 2038-01-01T00:00:00+00:00"
     )
     assert refusal.headers(NOW) == [
         (b"x-ocx-budget-limit", b"50.00"),
