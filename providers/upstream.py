@@ -850,8 +850,8 @@ async def _stream(
         # From here on, what a chunk needs is usually only a write: when the server can write
         # at once (`server.body_now`; issue #24), each chunk is handled from the upstream
         # connection's callback, without a wake-up of this task, exactly as the loop below
-        # would (its plain-delta branch, or `read` and the last branch). A chunk that fails or
-        # cuts the stream is left to the loop with what was read of it.
+        # would (its plain-delta branch, or `read` and the last branch). A chunk that cuts the
+        # stream is left to the loop with what was read of it.
         writer_now = getattr(responder, "writer_now", None)
         write = writer_now() if writer_now is not None else None
         if write is not None:
@@ -860,8 +860,8 @@ async def _stream(
                 if translator is None and scanner.plain(chunk):
                     write(chunk)
                     return True
-                fed = read(chunk)
-                if fed.cut is not None or fed.decision.phase is Phase.FAILED:
+                fed = read(chunk)  # never FAILED once committed: only a cut ends it early
+                if fed.cut is not None:
                     push.fed = fed
                     return False
                 data = translate(fed.decision.events)

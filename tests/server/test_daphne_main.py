@@ -92,9 +92,7 @@ def _install(monkeypatch: pytest.MonkeyPatch) -> None:
         (http.HTTPChannel, "allHeadersReceived"),
         (Server, "create_application"),
     ):
-        monkeypatch.setattr(
-            cls, name, cls.__dict__[name] if name in cls.__dict__ else getattr(cls, name)
-        )
+        monkeypatch.setattr(cls, name, getattr(cls, name))
     daphne_main.install()
 
 
