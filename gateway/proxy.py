@@ -68,6 +68,7 @@ from routing.validate import Resolution, resolve_model
 from server import body_limits, body_now, lifecycle, metrics
 from server.body_now import BodyNow
 from server.http_errors import HOST_NOT_ALLOWED, HostGate
+from server.turns import Turns
 from usage.budget_gate import Refusal
 from usage.requestlog import RequestEntry, new_request_id
 
@@ -252,6 +253,7 @@ class ProxyApp:
         self._runtime = runtime
         # ALLOWED_HOSTS as Django applies it elsewhere, precomputed (a dict lookup per request).
         self.hosts = HostGate(settings.ALLOWED_HOSTS)
+        self.turns = Turns()
 
     @property
     def runtime(self) -> Runtime:
@@ -398,6 +400,10 @@ class ProxyApp:
         if method != "POST":
             raise HTTPFailure(405, "invalid_request_error", "method_not_allowed", "Use POST")
         exchange.logged = True
+        # A burst of new requests is opened a few dozen per loop pass (`server.turns`).
+        turn = self.turns.take()
+        if turn is not None:
+            await turn
         snapshot = await self.runtime.ready()
         entry = exchange.entry
         key = self._authenticate(headers, scope.get(body_limits.KEY_SCOPE), entry=entry)

@@ -58,6 +58,11 @@ LOCAL_OVERLOAD = Counter(
     "pool_full, fd_limit, no_local_port, no_memory",
     ["cause"],
 )
+OPENINGS_DEFERRED = Counter(
+    "ocx_openings_deferred_total",
+    "Proxy requests that waited for a later loop pass to start, behind a burst of new "
+    "requests (server/turns.py); never refused",
+)
 REQUEST_LOG_DROPPED = Counter(
     "ocx_request_log_dropped_total", "Request log entries dropped because the queue was full"
 )

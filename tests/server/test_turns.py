@@ -1,0 +1,135 @@
+"""Openings take turns (`server.turns`): at most `per_turn` new requests start per loop pass,
+the rest in arrival order in later passes, with the loop's other work in between."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from server import metrics
+from server.turns import Turns
+
+
+class Passes:
+    """Counts the event loop's passes: a callback that queues itself again runs once per pass."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self._on = True
+        asyncio.get_running_loop().call_soon(self._tick)
+
+    def _tick(self) -> None:
+        self.n += 1
+        if self._on:
+            asyncio.get_running_loop().call_soon(self._tick)
+
+    def stop(self) -> None:
+        self._on = False
+
+
+async def _opening(turns: Turns, k: int, log: list[tuple[int, int]], passes: Passes) -> None:
+    turn = turns.take()
+    if turn is not None:
+        await turn
+    log.append((k, passes.n))
+
+
+def test_a_burst_is_opened_per_turn_in_arrival_order() -> None:
+    async def main() -> list[tuple[int, int]]:
+        passes = Passes()
+        turns = Turns(per_turn=8)
+        log: list[tuple[int, int]] = []
+        await asyncio.gather(*(_opening(turns, k, log, passes) for k in range(100)))
+        passes.stop()
+        return log
+
+    before = metrics.OPENINGS_DEFERRED._value.get()  # type: ignore[attr-defined]
+    log = asyncio.run(main())
+    assert [k for k, _ in log] == list(range(100))  # first come, first served
+    per_pass: dict[int, int] = {}
+    for _, n in log:
+        per_pass[n] = per_pass.get(n, 0) + 1
+    # The first eight went on at once; the other 92 came eight per pass, one pass after another
+    # from the pass after the first turn (a waiter let go in one pass runs in the next).
+    assert list(per_pass.values()) == [8] * 12 + [4]
+    first, *rest = sorted(per_pass)
+    assert rest == list(range(first + 2, first + 14))
+    assert metrics.OPENINGS_DEFERRED._value.get() - before == 92  # type: ignore[attr-defined]
+
+
+def test_what_the_loop_brought_meanwhile_runs_before_the_deferred_openings() -> None:
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        turns = Turns(per_turn=2)
+        order: list[str] = []
+
+        async def opening(k: int) -> None:
+            turn = turns.take()
+            if turn is not None:
+                await turn
+            order.append(f"open{k}")
+
+        tasks = [asyncio.create_task(opening(k)) for k in range(5)]
+        await asyncio.sleep(0)  # their first pass: two open, three wait
+        assert order == ["open0", "open1"]
+        # A running stream's read, as the poll of the next pass queues it.
+        loop.call_soon(order.append, "read")
+        await asyncio.gather(*tasks)
+        return order
+
+    assert asyncio.run(main()) == ["open0", "open1", "read", "open2", "open3", "open4"]
+
+
+def test_an_idle_worker_never_waits() -> None:
+    async def main() -> list[bool]:
+        turns = Turns(per_turn=2)
+        went: list[bool] = []
+        for _ in range(5):  # one request per pass: each goes on at once
+            went.append(turns.take() is None)
+            await asyncio.sleep(0)
+        return went
+
+    assert asyncio.run(main()) == [True] * 5
+
+
+def test_a_waiter_that_left_gives_its_turn_to_the_next() -> None:
+    async def main() -> list[int]:
+        turns = Turns(per_turn=2)
+        opened: list[int] = []
+
+        async def opening(k: int) -> None:
+            turn = turns.take()
+            if turn is not None:
+                await turn
+            opened.append(k)
+
+        tasks = [asyncio.create_task(opening(k)) for k in range(6)]
+        await asyncio.sleep(0)  # 0 and 1 opened; 2, 3, 4, 5 wait
+        tasks[2].cancel()  # the client of 2 went away while it waited
+        await asyncio.sleep(0)  # the next turn: 3 and 4, not 2 and 3
+        await asyncio.sleep(0)
+        snapshot = list(opened)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert tasks[2].cancelled()
+        return snapshot + [-1] + opened
+
+    assert asyncio.run(main()) == [0, 1, 3, 4, -1, 0, 1, 3, 4, 5]
+
+
+def test_a_new_event_loop_starts_with_a_full_turn() -> None:
+    turns = Turns(per_turn=1)
+
+    async def burst() -> tuple[bool, bool]:
+        first, second = turns.take(), turns.take()
+        assert second is not None
+        return first is None, second.done()
+
+    # The old loop ends with a waiter left behind; the new loop neither waits for it nor on it.
+    assert asyncio.run(burst()) == (True, False)
+    assert asyncio.run(burst()) == (True, False)
+
+
+def test_a_turn_of_less_than_one_opening_is_refused() -> None:
+    with pytest.raises(ValueError, match="per_turn must be at least 1"):
+        Turns(per_turn=0)
