@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from gateway.proxy import ProxyApp
+from tests.gateway.direct import post
 
 
 class Entries:
@@ -26,23 +27,9 @@ class BrokenRuntime:
 
 
 def test_internal_failure_before_commit_is_an_openai_shaped_502() -> None:
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"{}", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "path": "/v1/responses",
-        "method": "POST",
-        "headers": [(b"host", b"localhost")],
-    }
     runtime = BrokenRuntime()
     app = ProxyApp(runtime=runtime)  # type: ignore[arg-type]
-    asyncio.run(app(scope, receive, send))
+    sent = asyncio.run(post(app))
 
     start, body = sent[0], sent[1]
     assert start["status"] == 502

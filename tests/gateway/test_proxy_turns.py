@@ -9,6 +9,7 @@ from typing import Any
 
 from gateway.proxy import ProxyApp
 from server.turns import Turns
+from tests.gateway.direct import post
 
 
 class Entries:
@@ -49,21 +50,7 @@ def test_a_burst_of_requests_is_started_two_per_pass_and_every_one_answered() ->
         app.turns = Turns(per_turn=2)
 
         async def one() -> None:
-            sent: list[dict[str, Any]] = []
-
-            async def receive() -> dict[str, Any]:
-                return {"type": "http.request", "body": b"{}", "more_body": False}
-
-            async def send(message: dict[str, Any]) -> None:
-                sent.append(message)
-
-            scope = {
-                "type": "http",
-                "path": "/v1/responses",
-                "method": "POST",
-                "headers": [(b"host", b"localhost")],
-            }
-            await app(scope, receive, send)
+            sent = await post(app)
             assert json.loads(sent[1]["body"])["error"]["code"] == "internal_error"
             answers.append(sent[0]["status"])
 

@@ -4,6 +4,7 @@ the rest in arrival order in later passes, with the loop's other work in between
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -28,11 +29,12 @@ class Passes:
         self._on = False
 
 
-async def _opening(turns: Turns, k: int, log: list[tuple[int, int]], passes: Passes) -> None:
+async def _opening(turns: Turns, k: int, then: Callable[[int], object]) -> None:
+    """Request `k`: its turn, then `then(k)` (what it does once it may start)."""
     turn = turns.take()
     if turn is not None:
         await turn
-    log.append((k, passes.n))
+    then(k)
 
 
 def test_a_burst_is_opened_per_turn_in_arrival_order() -> None:
@@ -40,7 +42,9 @@ def test_a_burst_is_opened_per_turn_in_arrival_order() -> None:
         passes = Passes()
         turns = Turns(per_turn=8)
         log: list[tuple[int, int]] = []
-        await asyncio.gather(*(_opening(turns, k, log, passes) for k in range(100)))
+        await asyncio.gather(
+            *(_opening(turns, k, lambda k: log.append((k, passes.n))) for k in range(100))
+        )
         passes.stop()
         return log
 
@@ -63,14 +67,10 @@ def test_what_the_loop_brought_meanwhile_runs_before_the_deferred_openings() -> 
         loop = asyncio.get_running_loop()
         turns = Turns(per_turn=2)
         order: list[str] = []
-
-        async def opening(k: int) -> None:
-            turn = turns.take()
-            if turn is not None:
-                await turn
-            order.append(f"open{k}")
-
-        tasks = [asyncio.create_task(opening(k)) for k in range(5)]
+        tasks = [
+            asyncio.create_task(_opening(turns, k, lambda k: order.append(f"open{k}")))
+            for k in range(5)
+        ]
         await asyncio.sleep(0)  # their first pass: two open, three wait
         assert order == ["open0", "open1"]
         # A running stream's read, as the poll of the next pass queues it.
@@ -97,14 +97,7 @@ def test_a_waiter_that_left_gives_its_turn_to_the_next() -> None:
     async def main() -> list[int]:
         turns = Turns(per_turn=2)
         opened: list[int] = []
-
-        async def opening(k: int) -> None:
-            turn = turns.take()
-            if turn is not None:
-                await turn
-            opened.append(k)
-
-        tasks = [asyncio.create_task(opening(k)) for k in range(6)]
+        tasks = [asyncio.create_task(_opening(turns, k, opened.append)) for k in range(6)]
         await asyncio.sleep(0)  # 0 and 1 opened; 2, 3, 4, 5 wait
         tasks[2].cancel()  # the client of 2 went away while it waited
         await asyncio.sleep(0)  # the next turn: 3 and 4, not 2 and 3
