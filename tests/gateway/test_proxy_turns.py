@@ -10,6 +10,7 @@ from typing import Any
 from gateway.proxy import ProxyApp
 from server.turns import Turns
 from tests.gateway.direct import post
+from tests.server.passes import Passes
 
 
 class Entries:
@@ -18,16 +19,15 @@ class Entries:
 
 
 class Runtime:
-    """Records the loop pass in which each request got past its turn, then fails it (a 502:
-    the shortest way through the proxy)."""
+    """Marks the loop pass in which each request got past its turn, then fails it (a 502: the
+    shortest way through the proxy)."""
 
-    def __init__(self, passes: list[int]) -> None:
+    def __init__(self, passes: Passes) -> None:
         self.requestlog = Entries()
         self.passes = passes
-        self.reached: list[int] = []
 
     async def ready(self) -> Any:
-        self.reached.append(self.passes[0])
+        self.passes.mark(len(self.passes.marks))
         raise ConnectionError("state backend unreachable")
 
 
@@ -35,28 +35,17 @@ def test_a_burst_of_requests_is_started_two_per_pass_and_every_one_answered() ->
     answers: list[int] = []
 
     async def main() -> list[int]:
-        loop = asyncio.get_running_loop()
-        passes = [0]
-        ticking = [True]
+        with Passes() as passes:
+            app = ProxyApp(runtime=Runtime(passes))  # type: ignore[arg-type]
+            app.turns = Turns(per_turn=2)
 
-        def tick() -> None:
-            passes[0] += 1
-            if ticking[0]:
-                loop.call_soon(tick)
+            async def one() -> None:
+                sent = await post(app)
+                assert json.loads(sent[1]["body"])["error"]["code"] == "internal_error"
+                answers.append(sent[0]["status"])
 
-        loop.call_soon(tick)
-        runtime = Runtime(passes)
-        app = ProxyApp(runtime=runtime)  # type: ignore[arg-type]
-        app.turns = Turns(per_turn=2)
-
-        async def one() -> None:
-            sent = await post(app)
-            assert json.loads(sent[1]["body"])["error"]["code"] == "internal_error"
-            answers.append(sent[0]["status"])
-
-        await asyncio.gather(*(one() for _ in range(5)))
-        ticking[0] = False
-        return runtime.reached
+            await asyncio.gather(*(one() for _ in range(5)))
+        return [n for _, n in passes.marks]
 
     reached = asyncio.run(main())
     first = reached[0]

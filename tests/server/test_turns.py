@@ -11,25 +11,9 @@ import pytest
 
 from server import metrics
 from server.turns import Turns
+from tests.server.passes import Passes
 
 T = TypeVar("T")
-
-
-class Passes:
-    """Counts the event loop's passes: a callback that queues itself again runs once per pass."""
-
-    def __init__(self) -> None:
-        self.n = 0
-        self._on = True
-        asyncio.get_running_loop().call_soon(self._tick)
-
-    def _tick(self) -> None:
-        self.n += 1
-        if self._on:
-            asyncio.get_running_loop().call_soon(self._tick)
-
-    def stop(self) -> None:
-        self._on = False
 
 
 def _run(main: Callable[[], Awaitable[T]]) -> T:
@@ -53,16 +37,10 @@ async def _opening(turns: Turns, k: int, then: Callable[[int], object]) -> None:
 
 def test_a_burst_is_opened_per_turn_in_arrival_order() -> None:
     async def main() -> list[tuple[int, int]]:
-        passes = Passes()
         turns = Turns(per_turn=8)
-        log: list[tuple[int, int]] = []
-        try:
-            await asyncio.gather(
-                *(_opening(turns, k, lambda k: log.append((k, passes.n))) for k in range(100))
-            )
-        finally:
-            passes.stop()
-        return log
+        with Passes() as passes:
+            await asyncio.gather(*(_opening(turns, k, passes.mark) for k in range(100)))
+        return passes.marks
 
     before = metrics.OPENINGS_DEFERRED._value.get()  # type: ignore[attr-defined]
     log = _run(main)
@@ -115,25 +93,15 @@ def test_a_request_that_comes_after_a_turn_waits_behind_those_it_let_go() -> Non
 
 def test_the_pass_that_ends_a_backlog_opens_no_more_than_a_turn() -> None:
     async def main() -> list[tuple[int, int]]:
-        passes = Passes()
         turns = Turns(per_turn=2)
-        log: list[tuple[int, int]] = []
-        try:
-            tasks = [
-                asyncio.create_task(_opening(turns, k, lambda k: log.append((k, passes.n))))
-                for k in range(4)
-            ]
+        with Passes() as passes:
+            tasks = [asyncio.create_task(_opening(turns, k, passes.mark)) for k in range(4)]
             await asyncio.sleep(0)  # 0 and 1 opened, 2 and 3 wait
             await asyncio.sleep(0)  # this pass's turn let 2 and 3 go: they open in the next
             # 4 and 5 take their turns in that next pass, after 2 and 3 have opened in it.
-            tasks += [
-                asyncio.create_task(_opening(turns, k, lambda k: log.append((k, passes.n))))
-                for k in (4, 5)
-            ]
+            tasks += [asyncio.create_task(_opening(turns, k, passes.mark)) for k in (4, 5)]
             await asyncio.gather(*tasks)
-        finally:
-            passes.stop()
-        return log
+        return passes.marks
 
     log = _run(main)
     assert [k for k, _ in log] == [0, 1, 2, 3, 4, 5]
