@@ -82,6 +82,10 @@ def local_cause(exc: BaseException) -> str | None:
     return None
 
 
+# What a closed connection keeps as its parser: one with no callbacks, never fed.
+_SPENT_PARSER = httptools.HttpResponseParser(object())
+
+
 class _Conn(asyncio.Protocol):
     """One upstream connection; parses one answer at a time."""
 
@@ -168,6 +172,9 @@ class _Conn(asyncio.Protocol):
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
         self.pool._forget(self)
+        # The parser holds this object's callbacks: kept, it would leave each closed connection
+        # (with its transport and socket) to the cyclic collector. Nothing is fed after this.
+        self.parser = _SPENT_PARSER
 
     def pause_writing(self) -> None:
         self._write_paused = True

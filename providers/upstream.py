@@ -708,15 +708,12 @@ class _ReadTimer:
 
 class _Push:
     """What `_stream` hands chunks to while `_chunks` waits: `sink(chunk)` takes a chunk at
-    once, from the connection's data callback (True), or leaves it to the loop (False). A sink
-    that read the chunk before it left it (the scanner cannot read a chunk twice) puts what it
-    read in `fed`: the chunk it declined is the start of what the loop gets next."""
+    once, from the connection's data callback (True), or leaves it to the loop (False)."""
 
-    __slots__ = ("fed", "sink")
+    __slots__ = ("sink",)
 
     def __init__(self) -> None:
         self.sink: Callable[[bytes], bool] | None = None
-        self.fed: _Fed | None = None
 
 
 class _Fed(NamedTuple):
@@ -742,7 +739,7 @@ async def _chunks(
     def pushed(chunk: bytes) -> bool:
         # Data arrived: a read, whether the sink takes it or leaves it to this loop. A deadline
         # due in the same loop turn (timers run after the socket's callbacks) must not cancel
-        # the task before it gets a chunk the sink declined with its reading in `push.fed`.
+        # the task before it gets a chunk the sink declined after reading it.
         timer.moved(limit)
         sink = push.sink
         return sink is not None and sink(chunk)
@@ -840,6 +837,10 @@ async def _stream(
         return _Fed(decision, cut_at(decision.events, seen_bad))
 
     push = _Push()
+    # A chunk the sink read and then left to the loop (the scanner cannot read a chunk twice):
+    # what it read of it. Kept here, not on `push`: the sink would then reach itself through
+    # `push`, a cycle that left each stream's parser, scanner and closures to the collector.
+    declined: _Fed | None = None
 
     async def commit_with(data: bytes) -> None:
         nonlocal committed, pending
@@ -857,12 +858,13 @@ async def _stream(
         if write is not None:
 
             def now(chunk: bytes) -> bool:
+                nonlocal declined
                 if translator is None and scanner.plain(chunk):
                     write(chunk)
                     return True
                 fed = read(chunk)  # never FAILED once committed: only a cut ends it early
                 if fed.cut is not None:
-                    push.fed = fed
+                    declined = fed
                     return False
                 data = translate(fed.decision.events)
                 if data:
@@ -884,7 +886,7 @@ async def _stream(
 
     try:
         async for chunk in _chunks(resp, first_byte_ms, idle_ms, push):
-            fed, push.fed = push.fed, None  # read already by the sink, which left it here
+            fed, declined = declined, None  # read already by the sink, which left it here
             if fed is None:
                 if committed and translator is None and scanner.plain(chunk):
                     # One plain output delta of a pass-through (the usual streamed event):

@@ -298,6 +298,9 @@ def _connection_made_nodelay(self: Any) -> None:
     _connection_made(self)
 
 
+# What `_handle_reply_head_with_body` holds of a connection's writes while it hands over a
+# chunk; None: nothing is held.
+tcp.Server.ocx_held = None  # type: ignore[attr-defined]
 _buffered_write = tcp.Server.write
 _buffered_write_sequence = tcp.Server.writeSequence
 
@@ -313,6 +316,10 @@ def _write_through(self: Any, data: bytes) -> None:
     a slow client) leaves the rest to Twisted's queue, which then watches for writability,
     applies its producer backpressure and ends the connection as before; an error also goes
     to the queued path, whose send meets it and closes the connection the usual way."""
+    held = self.ocx_held
+    if held is not None:
+        held.append(bytes(data))
+        return
     if (
         data.__class__ is bytes
         and data
@@ -335,10 +342,43 @@ def _write_through(self: Any, data: bytes) -> None:
 
 def _write_sequence_through(self: Any, iovec: list[bytes]) -> None:
     # Twisted's HTTP/1.1 chunked body is (size line, data, CRLF): one send for the three.
-    if iovec and all(part.__class__ is bytes for part in iovec):
+    if iovec and (self.ocx_held is not None or all(part.__class__ is bytes for part in iovec)):
         _write_through(self, b"".join(iovec))
     else:
         _buffered_write_sequence(self, iovec)
+
+
+_handle_reply = http_protocol.WebRequest.handle_reply
+
+
+def _handle_reply_head_with_body(self: Any, message: dict[str, Any]) -> None:
+    """The response's head goes out with its first body chunk, in one `send`.
+
+    Twisted writes the head when the first body chunk comes, then the chunk: two `send`s, one
+    more system call for each stream the worker opens (and one more segment for the client to
+    read). While this chunk is handed over, what the connection is given is held and then sent
+    as one write (`_write_through`), in the same order. Only a chunk with more to follow: a
+    last one ends the response, which may close the connection (Twisted would then drop what
+    comes after it)."""
+    channel = self.channel
+    if (
+        self.startedWriting
+        or channel is None
+        or message.get("type") != "http.response.body"
+        or not message.get("more_body", False)
+        or not isinstance(channel.transport, tcp.Server)
+    ):
+        _handle_reply(self, message)
+        return
+    transport: Any = channel.transport
+    held: list[bytes] = []
+    transport.ocx_held = held
+    try:
+        _handle_reply(self, message)
+    finally:
+        transport.ocx_held = None
+        if held:
+            _write_through(transport, b"".join(held))
 
 
 _channels: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -443,6 +483,7 @@ def install_lifecycle() -> None:
     http.HTTPChannel.connectionMade = _connection_made_nodelay  # type: ignore[method-assign]
     tcp.Server.write = _write_through  # type: ignore[method-assign]
     tcp.Server.writeSequence = _write_sequence_through  # type: ignore[method-assign]
+    http_protocol.WebRequest.handle_reply = _handle_reply_head_with_body  # type: ignore[method-assign]
     reactor.callWhenRunning(_when_running)  # type: ignore[attr-defined]
 
 

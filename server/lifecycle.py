@@ -83,6 +83,15 @@ def freeze_heap() -> bool:
 # Python's own thresholds, and the middle and oldest ones a worker uses with `OCX_GC_YOUNG`.
 DEFAULT_GC_THRESHOLD = (700, 10, 10)
 GC_MIDDLE, GC_OLDEST = 20, 10
+# What the young threshold grows by per proxy request in flight: a bit above the objects the
+# collector tracks for one open stream (about 290 for a Chat stream: its Twisted request and
+# connection, the upstream connection, the stream's parser and scanner, the task).
+GC_PER_REQUEST = 400
+# The requests that count at most: the 1,000 long streams a worker is sized for (issue #24).
+# Beyond them the threshold stops growing, so what waits for a collection stays bounded.
+GC_MAX_REQUESTS = 1024
+# The young threshold with no request in flight (`tune_collector`); 0: Python's own, fixed.
+_young = 0
 
 
 def tune_collector() -> tuple[int, int, int]:
@@ -94,10 +103,27 @@ def tune_collector() -> tuple[int, int, int]:
     finding nothing: ~0.8 s of a worker's CPU, a quarter of the streams' (bench/README.md,
     tenth run). At 20,000 objects, ~0.37 s: two dozen young collections of ~10 ms, no whole one
     during the burst. Garbage without cycles is freed at once either way; only cycles wait."""
+    global _young
     young = settings.OCX_GC_YOUNG
     threshold = DEFAULT_GC_THRESHOLD if young == 0 else (young, GC_MIDDLE, GC_OLDEST)
     gc.set_threshold(*threshold)
+    _young = young
     return threshold
+
+
+def _follow_load() -> None:
+    """Move the young threshold with the requests in flight (`GC_PER_REQUEST` each).
+
+    A young collection walks every object allocated since the last one that is still alive.
+    While a burst of streams opens, that is the streams themselves: all alive, so every
+    collection then found nothing and the 1,024-stream burst spent 15 of them, about 170 ms of
+    the worker (bench/README.md, eighteenth run). With the threshold above what the open
+    requests hold, a collection comes when something beyond them has accumulated; as requests
+    end, the threshold falls back and the cycles they left are collected. It grows for at
+    most `GC_MAX_REQUESTS` requests: garbage waits for at most about 430,000 objects."""
+    if _young:
+        requests = min(len(_inflight), GC_MAX_REQUESTS)
+        gc.set_threshold(_young + GC_PER_REQUEST * requests, GC_MIDDLE, GC_OLDEST)
 
 
 def stopping() -> bool:
@@ -122,10 +148,12 @@ def track() -> Iterator[None]:
         yield
         return
     _inflight.add(task)
+    _follow_load()
     try:
         yield
     finally:
         _inflight.discard(task)
+        _follow_load()
 
 
 async def drain(

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -400,3 +401,107 @@ async def test_only_http_scopes_get_the_body_write() -> None:
     http_scope, socket_scope = scopes
     assert callable(http_scope[body_now.SCOPE_KEY])
     assert body_now.SCOPE_KEY not in socket_scope  # HTTP responses only
+
+
+class _SendLog:
+    """A socket that records each `send` (`tcp.Server` writes through `self.socket`)."""
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self.sends: list[bytes] = []
+
+    def send(self, data: bytes) -> int:
+        sent: int = self._sock.send(data)
+        self.sends.append(bytes(data[:sent]))
+        return sent
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+@contextlib.contextmanager
+def _tcp_daphne_connection(
+    app: Any, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Any, Any, _SendLog]]:
+    """A real Daphne HTTP connection over a Twisted `tcp.Server` on a real TCP socket, with the
+    worker's writes (`install_lifecycle`'s, nothing else of it); its sends are recorded."""
+    import socket
+
+    from daphne import http_protocol
+    from daphne.server import Server
+    from twisted.internet import tcp
+    from twisted.internet.address import IPv4Address
+    from twisted.internet.testing import MemoryReactor
+
+    from server import daphne_main
+
+    _install(monkeypatch)
+    monkeypatch.setattr(tcp.Server, "write", daphne_main._write_through)
+    monkeypatch.setattr(tcp.Server, "writeSequence", daphne_main._write_sequence_through)
+    held = daphne_main._handle_reply_head_with_body
+    monkeypatch.setattr(http_protocol.WebRequest, "handle_reply", held)
+    server = Server(application=app, endpoints=["tcp:port=0:interface=127.0.0.1"])
+    server.connections = {}
+    factory = http_protocol.HTTPFactory(server)
+    factory.timeOut = None
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        peer = socket.create_connection(listener.getsockname())
+        ours, _ = listener.accept()
+    ours.setblocking(False)
+    channel = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 8000))
+    conn = tcp.Server(ours, channel, ("127.0.0.1", 1), None, 1, MemoryReactor())
+    log = _SendLog(ours)
+    conn.socket = log
+    try:
+        channel.makeConnection(conn)
+        yield channel, conn, log
+    finally:
+        ours.close()
+        peer.close()
+
+
+async def test_the_head_goes_out_with_the_first_chunk_in_one_send(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    done = asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        now = await _first_chunk_sent(scope, receive, send)  # the head, then `data: 1`
+        now(b"data: 2\n\n")
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        done.set()
+
+    with _tcp_daphne_connection(app, monkeypatch) as (channel, conn, log):
+        channel.dataReceived(_request())
+        await asyncio.wait_for(done.wait(), 5)
+        head, chunk = log.sends[0].split(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"chunked" in head
+        assert chunk == b"9\r\ndata: 1\n\n\r\n"  # in the same send as the head
+        assert log.sends[1:] == [b"9\r\ndata: 2\n\n\r\n", b"0\r\n\r\n"]
+        assert conn.ocx_held is None  # nothing held after
+
+
+async def test_a_refused_first_chunk_leaves_nothing_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A body before its start is Daphne's error; the connection's later writes go out as usual.
+    errors: list[str] = []
+    done = asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        try:
+            await send({"type": "http.response.body", "body": b"x", "more_body": True})
+        except ValueError as exc:
+            errors.append(str(exc))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": False})
+        done.set()
+
+    with _tcp_daphne_connection(app, monkeypatch) as (channel, conn, log):
+        channel.dataReceived(_request())
+        await asyncio.wait_for(done.wait(), 5)
+        assert errors and "not yet been started" in errors[0]
+        assert conn.ocx_held is None
+        # A last chunk is not held: the head, the chunk and the chunked body's end as Twisted
+        # sends them.
+        assert log.sends[0].startswith(b"HTTP/1.1 200 OK\r\n")
+        assert log.sends[1:] == [b"9\r\ndata: 1\n\n\r\n", b"0\r\n\r\n"]
