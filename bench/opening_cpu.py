@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--a", type=Path, help="another checkout, measured interleaved")
     args = p.parse_args(argv)
     here = Path(__file__).resolve().parent.parent
-    order = [(here, "b")] if args.a is None else [(args.a, "a"), (here, "b"), (here, "b")]
-    order += [(args.a, "a")] if args.a is not None else []
+    a, b = (args.a, "a"), (here, "b")
+    order = [b] if args.a is None else [a, b, b, a]
     results = []
     try:
         for code, name in order:
