@@ -17,6 +17,9 @@ versions once, opens one kept-alive connection per worker (the worker is found f
 * worker CPU per write: the workers' utime + stime (/proc) over `--writes` key writes and as
   many combo writes with no polling, minus the same time idle, divided by the writes, per
   worker (the highest);
+* whole reloads while writing: `ocx_config_reloads_total` (keys, config) summed over the
+  workers, from before the first write to after the idle baseline: a write is patched in, so
+  these stay at 0 unless a notice was missed;
 * `GET /admin/combos/combo/` (100 rows per page, logged in): median of 5;
 * `GET /api/keys`: time and size of the default page, and of walking every page (when the
   response has `nextCursor`).
@@ -116,6 +119,17 @@ def fill(keys: int, combos: int) -> None:
 def cpu_ms(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def whole_reloads(client: httpx.Client) -> dict[str, float]:
+    """`ocx_config_reloads_total` by domain, summed over the workers (`/metrics`): a write that
+    reached a worker as a notice is patched in, so these stay flat while the bench writes."""
+    out = {"config": 0.0, "keys": 0.0}
+    for line in client.get("/metrics").text.splitlines():
+        found = re.match(r'ocx_config_reloads_total\{domain="(\w+)"\} (\S+)$', line)
+        if found:
+            out[found[1]] = out.get(found[1], 0.0) + float(found[2])
+    return out
 
 
 def pct(values: list[float], p: float) -> float:
@@ -232,6 +246,7 @@ def run_one(code: Path, keys: int, combos: int, args: argparse.Namespace) -> dic
             time.perf_counter(),
         )
     pids = list(clients)
+    reloads_before = whole_reloads(admin)
 
     key_ms: list[float] = []
     revoke_ms: list[float] = []
@@ -301,6 +316,7 @@ def run_one(code: Path, keys: int, combos: int, args: argparse.Namespace) -> dic
         reverse=True,
     )
 
+    reloads = {d: n - reloads_before.get(d, 0.0) for d, n in whole_reloads(admin).items()}
     staff = admin_login(url)
     staff.get("/admin/combos/combo/").raise_for_status()
     admin_ms = []
@@ -335,6 +351,7 @@ def run_one(code: Path, keys: int, combos: int, args: argparse.Namespace) -> dic
         "combo write→served p50/p95 ms": f"{pct(combo_ms, 50):.0f}/{pct(combo_ms, 95):.0f}",
         "CPU/key write ms (writer, other)": ", ".join(f"{v:.1f}" for v in key_per_write),
         "CPU/combo write ms (writer, other)": ", ".join(f"{v:.1f}" for v in combo_per_write),
+        "whole reloads while writing (keys, config)": f"{reloads['keys']:.0f}, {reloads['config']:.0f}",
         "admin combo list ms": f"{statistics.median(admin_ms):.0f}",
         "/api/keys page ms, KB": f"{keys_page_ms:.0f}, {keys_page_kb:.0f}",
         "/api/keys all pages ms (keys)": f"{walk_ms:.0f} ({listed})",

@@ -10,7 +10,8 @@ that did not reach the worker within 3 s.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import threading
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -26,20 +27,26 @@ from accounts.access import digest
 from accounts.models import ClientKey
 from combos import selectors
 from gateway.runtime import Runtime
+from providers import services as provider_services
+from providers.services import Delta, versions_committed
 from server.background import in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def refresh(rt: Runtime) -> None:
+def on_loop(work: Callable[[], Awaitable[None]]) -> None:
     async def once() -> None:
         loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(1))
-        await rt.refresh()
+        await work()
         # The poll's thread keeps its own connection; close it so the test database can go.
         await loop.run_in_executor(None, lambda: connection.close())
 
     asyncio.run(once())
+
+
+def refresh(rt: Runtime) -> None:
+    on_loop(rt.refresh)
 
 
 def known(rt: Runtime, secret: str) -> bool:
@@ -50,6 +57,10 @@ def known(rt: Runtime, secret: str) -> bool:
 
 def keys_version() -> int:
     return selectors.config_versions()[1]
+
+
+def config_version() -> int:
+    return selectors.config_versions()[0]
 
 
 def test_a_key_written_during_a_reload_and_then_revoked_is_dropped(
@@ -204,3 +215,111 @@ def test_redis_py_loads_only_in_a_worker_that_uses_redis(redis_url: str) -> None
         assert shared and loaded == ["redis", "state.redis_guard", "state.resp"]
     else:
         assert not shared and loaded == []
+
+
+class _Subscribed:
+    """A listener that is subscribed: the runtime's poll is then patient (a notice may be on
+    its way)."""
+
+    def __init__(self) -> None:
+        self.subscribed = threading.Event()
+        self.subscribed.set()
+
+
+@pytest.fixture
+def notices() -> Iterator[list[Delta]]:
+    """The notices of writes, held back: a test delivers them (`deliver`)."""
+    held: list[Delta] = []
+
+    def hold(sender: object, delta: Delta | None = None, **kwargs: object) -> None:
+        if delta is not None:
+            held.append(delta)
+
+    versions_committed.connect(hold, weak=False)
+    yield held
+    versions_committed.disconnect(hold)
+
+
+def patient_poll(rt: Runtime) -> None:
+    on_loop(lambda: rt.refresh(patient=True))
+
+
+def deliver(rt: Runtime, notices: list[Delta]) -> None:
+    """The notices held so far arrive, in order."""
+    arrived = list(notices)
+    notices.clear()
+
+    async def bring_in() -> None:
+        for delta in arrived:
+            await rt.bring_in(delta)
+
+    on_loop(bring_in)
+
+
+def patient_runtime(notices: list[Delta]) -> Runtime:
+    rt = Runtime()
+    refresh(rt)
+    rt.listener = _Subscribed()  # type: ignore[assignment]
+    notices.clear()
+    # The first patient poll never reloads: there is no previous poll to compare with.
+    patient_poll(rt)
+    assert rt.reloads == {"config": 0, "keys": 0}  # the first load is not a reload
+    return rt
+
+
+def test_a_stream_of_key_writes_is_left_to_its_notices(notices: list[Delta]) -> None:
+    access.client_key_create(username="hal")
+    rt = patient_runtime(notices)
+
+    access.client_key_create(username="ida")  # its notices are on their way
+    patient_poll(rt)  # reads ida's version
+    deliver(rt, notices)
+    _, jon = access.client_key_create(username="jon")
+    deliver(rt, notices)
+    served = keys_version()
+    _, kim = access.client_key_create(username="kim")  # on their way again
+    held = list(notices)
+    # This poll finds kim's write unserved, but the runtime serves all the previous poll read:
+    # the lag is the newest write's, not a missed notice.
+    patient_poll(rt)
+    assert rt.reloads == {"config": 0, "keys": 0}
+    assert rt.keys_version == served and rt.patches["keys"] == 4
+    assert known(rt, jon) and not known(rt, kim)
+
+    # kim's notices are lost: the next poll finds the runtime still behind what the previous
+    # one read, and reloads.
+    notices.clear()
+    patient_poll(rt)
+    assert rt.reloads == {"config": 0, "keys": 1}
+    assert rt.keys_version == keys_version() and known(rt, kim)
+
+    # They arrive after all: nothing left to do.
+    deliver(rt, held)
+    assert rt.reloads == {"config": 0, "keys": 1} and rt.patches["keys"] == 4
+
+
+def test_a_stream_of_provider_writes_is_left_to_its_notices(notices: list[Delta]) -> None:
+    provider = {"adapter": "openai-chat", "baseUrl": "http://127.0.0.1:9/v1", "models": {"m": {}}}
+    provider_services.provider_set(name="p", raw=provider)
+    rt = patient_runtime(notices)
+
+    def write(model: str) -> None:
+        provider_services.provider_set(name="p", raw={**provider, "models": {model: {}}})
+
+    write("a")
+    patient_poll(rt)
+    deliver(rt, notices)
+    write("b")
+    deliver(rt, notices)
+    served = config_version()
+    write("c")
+    patient_poll(rt)
+    assert rt.reloads == {"config": 0, "keys": 0}
+    assert rt.snapshot is not None and rt.snapshot.version == served
+    assert rt.patches["config"] == 2
+
+    notices.clear()  # c's notice is lost
+    patient_poll(rt)
+    assert rt.reloads == {"config": 1, "keys": 0}
+    assert rt.snapshot.version == config_version()
+    assert set(rt.snapshot.providers["p"].models) == {"c"}
