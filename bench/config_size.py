@@ -44,6 +44,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import propagation as prop  # noqa: E402 - the sibling bench script's helpers
@@ -125,10 +126,11 @@ def whole_reloads(client: httpx.Client) -> dict[str, float]:
     """`ocx_config_reloads_total` by domain, summed over the workers (`/metrics`): a write that
     reached a worker as a notice is patched in, so these stay flat while the bench writes."""
     out = {"config": 0.0, "keys": 0.0}
-    for line in client.get("/metrics").text.splitlines():
-        found = re.match(r'ocx_config_reloads_total\{domain="(\w+)"\} (\S+)$', line)
-        if found:
-            out[found[1]] = out.get(found[1], 0.0) + float(found[2])
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == "ocx_config_reloads_total":
+                domain = sample.labels["domain"]
+                out[domain] = out.get(domain, 0.0) + sample.value
     return out
 
 
