@@ -35,6 +35,7 @@ from combos.shaping import (
     image_rejection,
 )
 from combos.status import label as status_label
+from gateway import refusals
 from gateway.rescue import BufferOverflow, Rescue, Role
 from gateway.runtime import Runtime, get_runtime
 from providers.masking import Masker, bearer_value
@@ -102,8 +103,15 @@ ENDPOINTS: Mapping[str, Literal["responses", "chat"]] = {
 OVERLOAD_RETRY_AFTER_S = 5
 
 
-def error_payload(status: int, type_: str, code: str | None, message: str) -> bytes:
-    return json.dumps({"error": {"type": type_, "code": code, "message": message}}).encode()
+def error_payload(
+    status: int,
+    type_: str,
+    code: str | None,
+    message: str,
+    fields: Mapping[str, Any] | None = None,
+) -> bytes:
+    error = {"type": type_, "code": code, "message": message, **(fields or {})}
+    return json.dumps({"error": error}).encode()
 
 
 class HTTPFailure(Exception):
@@ -114,14 +122,20 @@ class HTTPFailure(Exception):
         code: str | None,
         message: str,
         headers: list[tuple[bytes, bytes]] | None = None,
+        fields: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
-        self.body = error_payload(status, type_, code, message)
+        self.body = error_payload(status, type_, code, message, fields)
         self.headers = headers or []
         self.type = type_
         self.message = message
+
+    @classmethod
+    def shaped(cls, s: refusals.Shaped) -> HTTPFailure:
+        """A refusal as `gateway.refusals` shaped it for the client."""
+        return cls(s.status, s.type, s.code, s.message, s.headers, s.fields)
 
     def stream_failure(self) -> StreamFailure:
         """This error as the in-band terminal of a stream whose status line already went out."""
@@ -165,6 +179,8 @@ class Exchange:
         self.served_quota: tuple[tuple[str, str], Mapping[str, str]] | None = None
         # The after-commit rescue's notes on attempts of the route trace, by attempt index.
         self.roles: Mapping[int, Role] = _NO_ROLES
+        # The `x-codex-*` rate-limit headers of the latest attempt's answer (PRODUCT §9.10).
+        self.codex_headers: list[tuple[bytes, bytes]] = []
 
     def base_headers(self) -> list[tuple[bytes, bytes]]:
         headers = [(b"x-ocx-request-id", self.request_id.encode())]
@@ -183,8 +199,9 @@ class Exchange:
         self._held = [] if any(name == b"content-length" for name, _ in headers) else None
         self.entry.ttft_ms = int((time.time() - self.entry.at) * 1000)
         route_headers = self.base_headers() + [
-            (b"x-ocx-target", target.key.encode()),
+            (b"x-ocx-target", refusals.ascii_token(target.key)),
             (b"x-ocx-attempts", str(self.attempts).encode()),
+            *self.codex_headers,
         ]
         await self._send(
             {"type": "http.response.start", "status": status, "headers": headers + route_headers}
@@ -467,7 +484,7 @@ class ProxyApp:
                 "rate_limit_error",
                 "client_rate_limited",
                 f"This key is limited to {key.rpm_limit} requests per minute",
-                [(b"retry-after", str(wait).encode())],
+                refusals.retry_after(wait),
             )
 
     async def _charge(self, exchange: Exchange) -> None:
@@ -695,6 +712,7 @@ class ProxyApp:
 
             def observe(status: int, upstream_headers: Mapping[str, str]) -> None:
                 seen["headers"] = upstream_headers
+                exchange.codex_headers = refusals.codex_rate_headers(upstream_headers)
                 metrics.UPSTREAM_TTFB.labels(provider.name).observe(time.monotonic() - started)
 
             try:
@@ -771,15 +789,25 @@ class ProxyApp:
         try:
             if not combo.id:
                 target = combo.targets[0]
-                why = target_state(
+                ts = target_state(
                     target,
                     providers=snapshot.providers,
                     state=_NO_STATE,
                     now=_now_ms(),
                     access=access(target),
-                ).skip or predicate(target)
+                )
+                why = ts.skip or predicate(target)
                 if why is not None:
-                    raise HTTPFailure(503, "server_error", "provider_unavailable", why)
+                    raise HTTPFailure.shaped(
+                        refusals.unavailable(
+                            status=503,
+                            type_="server_error",
+                            code="provider_unavailable",
+                            message=why,
+                            until_ms=refusals.earliest_return([ts]),
+                            now_ms=_now_ms(),
+                        )
+                    )
                 _record_target(exchange.entry, target, await dispatch(target, True))
                 return None
             result = RouteResult()
@@ -960,10 +988,15 @@ def _check_shape(
 
 
 def _refuse(refusal: Refusal | None, now: int) -> None:
-    """A used-up budget (PRODUCT §9.5) refuses the request."""
+    """A used-up budget (PRODUCT §9.5) refuses the request, as a usage limit (§9.10)."""
     if refusal is not None:
-        raise HTTPFailure(
-            429, "rate_limit_error", "budget_exceeded", refusal.message(), refusal.headers(now)
+        raise HTTPFailure.shaped(
+            refusals.budget_exceeded(
+                message=refusal.message(),
+                reset_ms=refusal.reset_ms,
+                headers=refusal.headers(now),
+                now_ms=now,
+            )
         )
 
 
@@ -1116,13 +1149,25 @@ def _finish_route(
             # Each target with its state and until when, in `ocx status`'s words; a missing
             # credential names its provider, never the server's variable.
             message += ": " + "; ".join(_unavailable_because(ts) for ts in states)
-        extra = (
-            [] if result.retry_after is None else [(b"retry-after", result.retry_after.encode())]
+        now = _now_ms()
+        until = refusals.earliest_return(states or ())
+        if until is None and result.retry_after is not None:
+            until = now + int(result.retry_after) * 1000
+        raise HTTPFailure.shaped(
+            refusals.unavailable(
+                status=503,
+                type_="server_error",
+                code="combo_unavailable",
+                message=message,
+                until_ms=until,
+                now_ms=now,
+            )
         )
-        raise HTTPFailure(503, "server_error", "combo_unavailable", message, extra)
     assert result.failure is not None
     last = result.attempts[-1].target if result.attempts else None
-    _raise_upstream(result.failure, last)
+    # Another target of the combo may be back before the one that failed last.
+    cooled = [r.cooled_until for r in result.attempts if r.cooled_until is not None]
+    _raise_upstream(result.failure, last, min(cooled) if cooled else None)
 
 
 def _unavailable_because(ts: TargetState) -> str:
@@ -1147,7 +1192,9 @@ def _note_overload(provider: str, target: str, failure: Failure, s: float, reque
     )
 
 
-def _raise_upstream(failure: Failure, target: str | None = None) -> None:
+def _raise_upstream(
+    failure: Failure, target: str | None = None, sooner: int | None = None
+) -> None:
     """The last upstream failure, sanitized, with its own status (reference §3.7), naming the
     `provider/model` it came from (never a credential)."""
     if failure.transport == "local":
@@ -1175,11 +1222,23 @@ def _raise_upstream(failure: Failure, target: str | None = None) -> None:
     source = f" from {target}" if target else ""
     message = f"Provider error {failure.status}{source}" + (f": {text}" if text else "")
     code = failure.error_code or classify(failure).code or None
-    extra: list[tuple[bytes, bytes]] = []
-    retry = failure.headers.get("retry-after")
-    if retry is not None and retry.strip().isdigit():
-        extra.append((b"retry-after", retry.strip().encode()))
-    raise HTTPFailure(failure.status, failure.error_type or "upstream_error", code, message, extra)
+    # Its wait as a capped Retry-After, or a usage limit when long (PRODUCT §9.10); `sooner`:
+    # when another target of the combo is back.
+    now = _now_ms()
+    until = refusals.upstream_until(failure, now)
+    if until is not None and sooner is not None and now < sooner < until:
+        until = sooner
+    raise HTTPFailure.shaped(
+        refusals.upstream(
+            status=failure.status,
+            type_=failure.error_type or "upstream_error",
+            code=code,
+            message=message,
+            until_ms=until,
+            now_ms=now,
+            headers=refusals.codex_rate_headers(failure.headers),
+        )
+    )
 
 
 def _access(
@@ -1201,6 +1260,7 @@ def _access(
         missing=missing,
         credential=pair[1],
         quota=_QUOTA[gate.verdicts[pair]],
+        quota_until=gate.recovery.get(pair),
         probe_granted=pair in gate.probes,
     )
 

@@ -93,6 +93,8 @@ class Gate:
     verdicts: dict[Pair, Verdict] = field(default_factory=dict)
     probes: set[Pair] = field(default_factory=set)
     resets: dict[Pair, int | None] = field(default_factory=dict)
+    # When a limited credential may be tried again (a probing one: its lease end).
+    recovery: dict[Pair, int | None] = field(default_factory=dict)
     # The raw values of the names read along (`gate(along=…)`), or None when not read.
     along: list[bytes | None] | None = None
     # A probe lease was taken after the read (a round trip later): a value read along is
@@ -150,6 +152,7 @@ class QuotaTracker:
             self.known.add(pair)
             record = _load(pair, raw)
             gate.resets[pair] = qw.soonest_reset(record.windows, now=now)
+            gate.recovery[pair] = qw.next_change_at(record.state)
             verdict: Verdict = qw.eligibility(record.state, now=now)
             gate.verdicts[pair] = verdict
             if verdict == "probe":
