@@ -202,8 +202,12 @@ def test_errors_say_which_target_and_why(server: Server, mock: Mock) -> None:
         "Provider error 503 from p2/gb"
     )  # the last target tried
     r = ask(server, combo_id, headers)
-    assert r.status_code == 503
-    message = assert_error_shape(r)["message"]
+    # Both cool for a minute: a usage limit, not a sleep (PRODUCT §9.10).
+    assert r.status_code == 429
+    err = assert_error_shape(r)
+    assert (err["type"], err["code"]) == ("usage_limit_reached", "combo_unavailable")
+    message = err["message"]
+    assert r.headers["x-codex-promo-message"] == message
     when = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
     assert re.fullmatch(
         rf"No available targets for combo: {combo_id}: "
@@ -276,17 +280,26 @@ def test_retry_after_seconds_is_honoured(server: Server, mock: Mock) -> None:
 def _cooldown_seen_by_503(
     server: Server, mock: Mock, model: str, step: dict[str, Any], **combo: Any
 ) -> int:
-    """One-target combo: the failure cools the target; the next request gets 503
-    combo_unavailable whose Retry-After is the remaining cooldown (in seconds)."""
+    """One-target combo: the failure cools the target; the next request gets
+    combo_unavailable whose Retry-After is the remaining cooldown (in seconds): a 503 up to
+    30 s, past that a 429 usage limit whose `resets_at` is the cooldown's end (PRODUCT §9.10)."""
     mock.script(model, [step])
     combo_id, headers = setup_combo(server, mock, [("p1", model)], **combo)
     first = ask(server, combo_id, headers)
-    assert first.status_code == step.get("status", 429)
+    expected = step.get("status", 429)
+    wait = step.get("headers", {}).get("Retry-After", "")
+    assert first.status_code == (429 if wait.isdigit() and int(wait) > 30 else expected)
     r = ask(server, combo_id, headers)
-    assert r.status_code == 503, r.text
-    assert assert_error_shape(r)["code"] == "combo_unavailable"
+    error = assert_error_shape(r)
+    assert error["code"] == "combo_unavailable"
     assert mock.hits(model) == 1
-    return int(r.headers["retry-after"])
+    seconds = int(r.headers["retry-after"])
+    if seconds <= 30:
+        assert (r.status_code, error["type"]) == (503, "server_error"), r.text
+    else:
+        assert (r.status_code, error["type"]) == (429, "usage_limit_reached"), r.text
+        assert abs(error["resets_at"] - (time.time() + seconds)) <= 2
+    return seconds
 
 
 def test_retry_after_http_date(server: Server, mock: Mock) -> None:

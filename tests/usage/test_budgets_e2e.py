@@ -76,14 +76,32 @@ def midnight_utc() -> int:
     return int(now // 86400 + 1) * 86400
 
 
+class SecondsTo:
+    """Equal to the whole seconds left until `reset_s` as a server answering now counts them
+    (`resets_in_seconds`: the request ran between this object's making and its comparison)."""
+
+    def __init__(self, reset_s: int) -> None:
+        self.reset_s = reset_s
+        self.latest = reset_s - int(time.time())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, int) and self.latest - 120 <= other <= self.latest
+
+    def __repr__(self) -> str:
+        return f"<seconds to {self.reset_s}: at most {self.latest}>"
+
+
 def refused_body(owner: str, budget: str, used: str, reset_s: int) -> dict[str, Any]:
+    """A spent budget's 429: a usage limit to Codex (PRODUCT §9.10), `budget_exceeded` kept."""
     reset = dt.datetime.fromtimestamp(reset_s, dt.UTC).isoformat()
     return {
         "error": {
-            "type": "rate_limit_error",
+            "type": "usage_limit_reached",
             "code": "budget_exceeded",
             "message": f"Budget exceeded: {owner} may use {budget} and has used {used}; "
             f"it resets at {reset}",
+            "resets_at": reset_s,
+            "resets_in_seconds": SecondsTo(reset_s),
         }
     }
 
@@ -121,7 +139,11 @@ def test_token_budget_admits_until_used_up_then_429(server: Server, mock: Mock) 
     r = ask(server.http, "bt/bm", headers)
     assert r.status_code == 429
     owner = f"key {created['prefix']}… of budget-dev"
-    assert r.json() == refused_body(owner, "250 tokens per day", "300 tokens", reset)
+    body = refused_body(owner, "250 tokens per day", "300 tokens", reset)
+    assert r.json() == body
+    # Codex shows it (ASCII: the prefix's ellipsis spelled out) and stops at once.
+    assert r.headers["x-codex-promo-message"] == body["error"]["message"].replace("…", "...")
+    assert r.headers["x-should-retry"] == "false"
     assert r.headers["x-ocx-budget-limit"] == "250"
     assert r.headers["x-ocx-budget-remaining"] == "0"
     assert r.headers["x-ocx-budget-reset"] == str(reset)
