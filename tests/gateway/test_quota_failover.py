@@ -651,9 +651,12 @@ def test_missing_fallback_credential_answers_503_naming_the_variable(
     assert mock.hits(c.fm) == 0
 
     r = ask(server, c)
-    assert r.status_code == 503, r.text
+    # The primary is back in a minute: a usage limit until then (PRODUCT §9.10), not a sleep.
+    assert r.status_code == 429, r.text
     error = r.json()["error"]
-    assert error["code"] == "combo_unavailable"
+    assert (error["type"], error["code"]) == ("usage_limit_reached", "combo_unavailable")
+    assert 58 <= error["resets_in_seconds"] <= 61
+    assert f"{c.primary}/{c.pm}: Out of quota until " in error["message"]
     # The provider is named, with each target's state; never the server's variable (#26, #28).
     assert (
         f"{c.fallback}/{c.fm}: credential_missing: the credential of provider "
