@@ -64,8 +64,7 @@ def test_promo_message_of_a_non_ascii_owner_is_ascii() -> None:
     )
     promo = headers(s)[b"x-codex-promo-message"]
     assert promo == (
-        b"Budget exceeded: Zoe Muller's team \"Unicode\" may use $1,000.00 per month - "
-        b"?? reached it"
+        b'Budget exceeded: Zoe Muller\'s team "Unicode" may use $1,000.00 per month - ?? reached it'
     )
     # The body keeps the message as it is (JSON carries any text).
     assert s.message.endswith("用户 reached it.")
