@@ -1192,9 +1192,7 @@ def _note_overload(provider: str, target: str, failure: Failure, s: float, reque
     )
 
 
-def _raise_upstream(
-    failure: Failure, target: str | None = None, sooner: int | None = None
-) -> None:
+def _raise_upstream(failure: Failure, target: str | None = None, sooner: int | None = None) -> None:
     """The last upstream failure, sanitized, with its own status (reference §3.7), naming the
     `provider/model` it came from (never a credential)."""
     if failure.transport == "local":
