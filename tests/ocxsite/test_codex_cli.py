@@ -98,6 +98,67 @@ class Codex:
         )
 
 
+def write_catalog(server: Server, home: Path) -> Path:
+    """The model catalog `ocx catalog write` makes, in `home`."""
+    catalog = home / "ocx-catalog.json"
+    written = subprocess.run(
+        [sys.executable, "-m", "ocxsite.cli", "catalog", "write", str(catalog)],
+        cwd=ROOT,
+        env=server.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert written.returncode == 0, written.stderr
+    return catalog
+
+
+def write_config(home: Path, catalog: Path, server: Server, *, retries: bool) -> None:
+    """Codex's `config.toml` with ocx as its provider; `retries`: Codex's own defaults (else
+    none at all)."""
+    no_retries = "request_max_retries = 0\nstream_max_retries = 0\n"
+    (home / "config.toml").write_text(
+        f"""\
+model = "combo/cx-responses"
+model_provider = "ocx"
+model_catalog_json = "{catalog}"
+approval_policy = "never"
+check_for_update_on_startup = false
+# Nothing may leave the machine: ChatGPT-backend calls go to a dead loopback port.
+chatgpt_base_url = "http://127.0.0.1:9/"
+
+[analytics]
+enabled = false
+
+[model_providers.ocx]
+name = "ocx"
+base_url = "{server.url}/v1"
+wire_api = "responses"
+env_key = "OCX_API_KEY"
+{"" if retries else no_retries}"""
+    )
+
+
+def isolated_env(home: Path, key: str) -> dict[str, str]:
+    dead = "http://127.0.0.1:9"
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "CODEX_HOME": str(home),
+        "OCX_API_KEY": key,
+        "TERM": "dumb",
+        "NO_COLOR": "1",
+        # Any non-loopback request goes to a dead proxy (belt and braces on top of the config).
+        "HTTP_PROXY": dead,
+        "HTTPS_PROXY": dead,
+        "ALL_PROXY": dead,
+        "http_proxy": dead,
+        "https_proxy": dead,
+        "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+    }
+
+
 @pytest.fixture(scope="module")
 def codex(
     ocx_server: Server, mock_upstream: Mock, tmp_path_factory: pytest.TempPathFactory
@@ -126,56 +187,10 @@ def codex(
     server.wait_synced()
 
     home = tmp_path_factory.mktemp("codex-home")
-    catalog = home / "ocx-catalog.json"
-    written = subprocess.run(
-        [sys.executable, "-m", "ocxsite.cli", "catalog", "write", str(catalog)],
-        cwd=ROOT,
-        env=server.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert written.returncode == 0, written.stderr
-    (home / "config.toml").write_text(
-        f"""\
-model = "combo/cx-responses"
-model_provider = "ocx"
-model_catalog_json = "{catalog}"
-approval_policy = "never"
-check_for_update_on_startup = false
-# Nothing may leave the machine: ChatGPT-backend calls go to a dead loopback port.
-chatgpt_base_url = "http://127.0.0.1:9/"
-
-[analytics]
-enabled = false
-
-[model_providers.ocx]
-name = "ocx"
-base_url = "{server.url}/v1"
-wire_api = "responses"
-env_key = "OCX_API_KEY"
-# ocx does the failover; Codex must not hide it by re-sending.
-request_max_retries = 0
-stream_max_retries = 0
-"""
-    )
-    dead = "http://127.0.0.1:9"
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(home),
-        "CODEX_HOME": str(home),
-        "OCX_API_KEY": key,
-        "TERM": "dumb",
-        "NO_COLOR": "1",
-        # Any non-loopback request goes to a dead proxy (belt and braces on top of the config).
-        "HTTP_PROXY": dead,
-        "HTTPS_PROXY": dead,
-        "ALL_PROXY": dead,
-        "http_proxy": dead,
-        "https_proxy": dead,
-        "NO_PROXY": "127.0.0.1,localhost",
-        "no_proxy": "127.0.0.1,localhost",
-    }
+    catalog = write_catalog(server, home)
+    # ocx does the failover; Codex must not hide it by re-sending.
+    write_config(home, catalog, server, retries=False)
+    env = isolated_env(home, key)
     yield Codex(server, home, catalog, env)
 
 
