@@ -803,7 +803,7 @@ class ProxyApp:
                             status=503,
                             type_="server_error",
                             code="provider_unavailable",
-                            message=why,
+                            message=why if ts.until is None else f"{ts.target}: {status_label(ts)}",
                             until_ms=refusals.earliest_return([ts]),
                             now_ms=_now_ms(),
                         )

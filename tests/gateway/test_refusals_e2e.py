@@ -215,6 +215,11 @@ def test_upstream_usage_limit_keeps_its_reset_and_codex_headers(server: Server, 
     error = usage_limit_error(r, "combo_unavailable")
     assert error["resets_at"] == reset
     assert f"{c.primary}/{c.pm}: Out of quota until " in error["message"]
+    # The same target asked for by name (no combo): the same usage limit.
+    r = ask(server, f"{c.primary}/{c.pm}", caller)
+    error = usage_limit_error(r, "provider_unavailable")
+    assert error["resets_at"] == reset
+    assert error["message"].startswith(f"{c.primary}/{c.pm}: Out of quota until ")
     assert mock.hits(c.pm) == 1
 
 
