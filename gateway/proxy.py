@@ -35,6 +35,7 @@ from combos.shaping import (
     image_rejection,
 )
 from combos.status import label as status_label
+from gateway import alerting
 from gateway.rescue import BufferOverflow, Rescue, Role
 from gateway.runtime import Runtime, get_runtime
 from providers.masking import Masker, bearer_value
@@ -803,6 +804,7 @@ class ProxyApp:
                     result=result,
                     revision=snapshot.version,
                     access=access,
+                    on_recovered=alerting.recovered(runtime.alerts, combo.id, _now_ms),
                 )
             except asyncio.CancelledError:
                 # Client abort: the request log still gets the attempt it made (status 499).
@@ -888,6 +890,9 @@ class ProxyApp:
                 )
                 for t in combo.targets
             ]
+        alerting.after_route(
+            runtime.alerts, combo.id, result.attempts, states, result.retry_after, _now_ms()
+        )
         _finish_route(combo, result, states)
 
 

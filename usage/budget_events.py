@@ -1,6 +1,6 @@
 """The runtime's budget gate and what happens to its 80 % / 100 % events: a log line, a push
 to `/ws/events`, and a `BudgetEvent` row (written in batches off the hot path, shown in the
-admin)."""
+admin) with, in the same transaction, the alert messages it makes (`alerts.outbox`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
+
+from alerts import events as alert_events
+from alerts import outbox
 
 from server.background import BatchWriter
 from state.budget_store import MemoryBudgetStore, RedisBudgetStore
@@ -22,7 +26,7 @@ log = logging.getLogger("ocx.budget")
 def write_events(events: list[dict[str, Any]]) -> None:
     from usage.models import BudgetEvent
 
-    BudgetEvent.objects.bulk_create(
+    rows = [
         BudgetEvent(
             at=dt.datetime.fromtimestamp(e["at"] / 1000, tz=dt.UTC),
             owner=e["owner"][:200],
@@ -36,7 +40,10 @@ def write_events(events: list[dict[str, Any]]) -> None:
             message=e["message"],
         )
         for e in events
-    )
+    ]
+    with transaction.atomic():  # the events and their alerts' outbox rows, together
+        BudgetEvent.objects.bulk_create(rows)
+        outbox.write([alert_events.budget(e) for e in events])
 
 
 def new_writer() -> BatchWriter[dict[str, Any]]:
