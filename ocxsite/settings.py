@@ -336,5 +336,5 @@ LOGGING = {
     },
     "root": {"handlers": ["console"], "level": os.environ.get("OCX_LOG_LEVEL", "INFO")},
     # django-axes logs every login at INFO; its warnings (failures, lockouts) stay.
-    "loggers": {"axes": {"level": "WARNING"}},
+    "loggers": {"axes": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
 }
