@@ -72,6 +72,7 @@ class DestinationForm(forms.ModelForm):  # type: ignore[type-arg]
             changes["secret"] = ""
         elif data.get("new_secret"):
             changes["secret"] = data["new_secret"]
+        self.instance.name = data.get("name", "")
         try:
             services.apply_changes(self.instance, **changes)
         except ValidationError as exc:
@@ -101,6 +102,12 @@ class AlertDestinationAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "teams",
         "combos",
     )
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        # Only `name` is copied onto the row by the ModelForm; the rest is checked and set by
+        # the services (`DestinationForm.clean`), as the API and the CLI do.
+        kwargs["fields"] = ["name"]
+        return super().get_form(request, obj, change, **kwargs)
 
     @admin.display(description="to")
     def where(self, obj: AlertDestination) -> str:

@@ -127,7 +127,6 @@ class Command(ExamplesCommand):
         except ValidationError as exc:
             if hasattr(exc, "error_dict"):
                 field, errors = next(iter(exc.message_dict.items()))
-                field = {"events_wanted": "event"}.get(field, field)
                 raise CommandError(f"{field}: {messages_text(errors)}") from None
             raise CommandError(messages_text(exc.messages)) from None
         self.stdout.write(f"Saved alert destination {row.name} ({row.kind}).")
