@@ -170,7 +170,8 @@ def key_expiring(
     """A client key expires within `days` (7 or 1): once per key, expiry and warning."""
     label = f"key {prefix}… ({name}) of {user}" if name else f"key {prefix}… of {user}"
     left_h = max(0, (expires_ms - now_ms) // 3_600_000)
-    when = f"{left_h // 24} day(s)" if left_h >= 24 else f"{left_h} hour(s)"
+    days_left, hours_left = divmod(left_h, 24)
+    when = f"{days_left} day(s) {hours_left} hour(s)" if days_left else f"{hours_left} hour(s)"
     return Alert(
         event="key_expiring",
         key=f"key_expiring:{key_id}:{days}d:{expires_ms}",

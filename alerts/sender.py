@@ -66,6 +66,10 @@ def take_lease(holder: str, now: dt.datetime, *, name: str = "sender") -> bool:
     return True
 
 
+def release_lease(holder: str, *, name: str = "sender") -> None:
+    SenderLease.objects.filter(name=name, holder=holder).delete()
+
+
 def due(now: dt.datetime, busy: Sequence[int]) -> dict[int, list[AlertMessage]]:
     """Pending messages whose time has come, per destination (not those being delivered)."""
     rows = (
@@ -219,6 +223,16 @@ class Sender:
         await in_thread(mark_sent, message.pk, self.clock())
         DELIVERIES.labels(destination.name, "sent").inc()
         return True
+
+    async def stop(self) -> None:
+        """A graceful stop: deliveries in flight end (they are marked either way), the lease
+        is given back so that another process takes over at once."""
+        if self._task is not None:
+            self._task.cancel()
+        if self.busy:
+            await asyncio.wait(list(self.busy.values()), timeout=5)
+        await in_thread(release_lease, self.holder)
+        await self.aclose()
 
     async def aclose(self) -> None:
         if self._task is not None:

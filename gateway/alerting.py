@@ -58,7 +58,7 @@ def after_route(
                 events.provider_auth_failed(provider, record.target, combo, record.status, now_ms)
             )
     if states is not None and combo:
-        why = {ts.target: ts.reason or ts.skip or ts.state for ts in states}
+        why = {ts.target: ts.state + (f" ({ts.reason})" if ts.reason else "") for ts in states}
         queue.offer(events.combo_unavailable(combo, why, retry_after, now_ms))
 
 

@@ -504,6 +504,9 @@ class Runtime:
             self.alerts,
         ):
             await writer.drain()
+        if self.sender is not None:
+            # The outbox is written; another worker or the next start sends from here on.
+            await self.sender.stop()
 
     def emit(self, event: dict[str, object], *, force: bool = False) -> None:
         """Push a routing event to `/ws/events` subscribers (fire and forget); cooldowns and
