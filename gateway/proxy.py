@@ -35,7 +35,7 @@ from combos.shaping import (
     image_rejection,
 )
 from combos.status import label as status_label
-from gateway import alerting
+from gateway import alerting, tracing
 from gateway.rescue import BufferOverflow, Rescue, Role
 from gateway.runtime import Runtime, get_runtime
 from providers.masking import Masker, bearer_value
@@ -166,6 +166,8 @@ class Exchange:
         self.served_quota: tuple[tuple[str, str], Mapping[str, str]] | None = None
         # The after-commit rescue's notes on attempts of the route trace, by attempt index.
         self.roles: Mapping[int, Role] = _NO_ROLES
+        # The request's span while OpenTelemetry tracing is on (gateway.tracing).
+        self.trace: Any = None
 
     def base_headers(self) -> list[tuple[bytes, bytes]]:
         headers = [(b"x-ocx-request-id", self.request_id.encode())]
@@ -255,6 +257,7 @@ class ProxyApp:
         # ALLOWED_HOSTS as Django applies it elsewhere, precomputed (a dict lookup per request).
         self.hosts = HostGate(settings.ALLOWED_HOSTS)
         self.turns = Turns()
+        tracing.setup()  # on only with OTEL_EXPORTER_OTLP_ENDPOINT (and the `otel` extra)
 
     @property
     def runtime(self) -> Runtime:
@@ -264,6 +267,8 @@ class ProxyApp:
         request_id = new_request_id()
         exchange = Exchange(send, request_id, scope.get(body_now.SCOPE_KEY))
         started = time.monotonic()
+        if tracing.TRACER is not None:
+            exchange.trace = tracing.start_request(scope["path"])
         outcome = "ok"
         # The whole request, its `finally` too (charge, last chunk, log entry): a drain must
         # not see nothing in flight while a request still writes.
@@ -344,6 +349,8 @@ class ProxyApp:
                         outcome = "client_cancelled"
                 if exchange.logged:
                     self._log(exchange, outcome, time.monotonic() - started)
+                if exchange.trace is not None:
+                    tracing.end_request(exchange.trace, exchange.entry, outcome)
 
     def _log(self, exchange: Exchange, outcome: str, elapsed: float) -> None:
         entry = exchange.entry
@@ -693,6 +700,13 @@ class ProxyApp:
             )
             seen: dict[str, Any] = {}
             started = time.monotonic()
+            span = (
+                None
+                if exchange.trace is None
+                else tracing.start_attempt(
+                    exchange.trace, provider.name, provider.adapter, target.key, target.model
+                )
+            )
 
             def observe(status: int, upstream_headers: Mapping[str, str]) -> None:
                 seen["headers"] = upstream_headers
@@ -711,9 +725,15 @@ class ProxyApp:
                     responder=exchange if responder is None else responder,
                     observe=observe,
                 )
+            except BaseException:
+                if span is not None:
+                    tracing.end_attempt(span, None)
+                raise
             finally:
                 elapsed = time.monotonic() - started
                 exchange.upstream_s += elapsed
+            if span is not None:
+                tracing.end_attempt(span, outcome)
             if outcome.failure is not None and outcome.failure.message:
                 # Before it reaches the client, the request log or a log line (issue #26).
                 masked = caller.masker.text(outcome.failure.message)
