@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from alerts import events, outbox
 from accounts.models import ClientKey
+from alerts import events, outbox
 
 WARNINGS = (7, 1)  # days before the expiry
 

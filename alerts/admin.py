@@ -36,7 +36,9 @@ class DestinationForm(forms.ModelForm):  # type: ignore[type-arg]
         "(it is never shown)",
     )
     clear_secret = forms.BooleanField(required=False, label="remove the secret")
-    teams = forms.CharField(required=False, help_text="only events of these teams (comma-separated)")
+    teams = forms.CharField(
+        required=False, help_text="only events of these teams (comma-separated)"
+    )
     combos = forms.CharField(
         required=False, help_text="only events of these combos (comma-separated)"
     )
@@ -103,7 +105,9 @@ class AlertDestinationAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "combos",
     )
 
-    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
         # Only `name` is copied onto the row by the ModelForm; the rest is checked and set by
         # the services (`DestinationForm.clean`), as the API and the CLI do.
         kwargs["fields"] = ["name"]

@@ -74,7 +74,9 @@ def sealed_secret(sealed: str) -> str | None:
     return unseal(sealed) if sealed else None
 
 
-def request(*, kind: str, sealed: str, payload: dict[str, Any], folded: int) -> tuple[bytes, dict[str, str]]:
+def request(
+    *, kind: str, sealed: str, payload: dict[str, Any], folded: int
+) -> tuple[bytes, dict[str, str]]:
     """The body and headers of a slack or webhook message."""
     if kind == "slack":
         return slack_body(payload, folded), {"content-type": "application/json"}
@@ -138,6 +140,8 @@ def send_email(*, to: list[str], payload: dict[str, Any], folded: int) -> None:
     try:
         sent = EmailMessage(subject=subject, body=body, to=to).send()
     except (smtplib.SMTPException, OSError) as exc:
-        raise DeliveryError(f"{type(exc).__name__}: the mail server refused or was unreachable") from None
+        raise DeliveryError(
+            f"{type(exc).__name__}: the mail server refused or was unreachable"
+        ) from None
     if sent != 1:
         raise DeliveryError("the e-mail backend sent nothing")

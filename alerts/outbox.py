@@ -58,13 +58,17 @@ def _teams_of(scope: str) -> list[str]:
     if kind == "k":
         # The accounts app sits above this one: its model by name, as usage's selectors do.
         client_key = apps.get_model("accounts", "ClientKey")
-        user_id = client_key.objects.filter(pk=int(number)).values_list("user_id", flat=True).first()
+        user_id = (
+            client_key.objects.filter(pk=int(number)).values_list("user_id", flat=True).first()
+        )
     elif kind != "u":
         return []
     if user_id is None:
         return []
     return sorted(
-        get_user_model().objects.filter(pk=user_id).values_list("groups__name", flat=True)
+        get_user_model()
+        .objects.filter(pk=user_id)
+        .values_list("groups__name", flat=True)
         .exclude(groups__name=None)
     )
 
@@ -115,9 +119,7 @@ class AlertQueue:
     key per second goes to the bounded queue (the rest are counted into the next one); a full
     queue drops and counts (`ocx_alerts_dropped_total`)."""
 
-    def __init__(
-        self, *, maxsize: int = 1000, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, *, maxsize: int = 1000, clock: Callable[[], float] = time.monotonic) -> None:
         self.writer: BatchWriter[Alert] = BatchWriter(
             "alerts", _write_batch, maxsize=maxsize, flush_s=0.5, on_drop=ALERTS_DROPPED.inc
         )

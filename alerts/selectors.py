@@ -18,7 +18,9 @@ def masked_url(url: str) -> str:
     return f"{parts.scheme}://{parts.hostname}{port}/…" if parts.path not in ("", "/") else url
 
 
-def destination_json(row: AlertDestination, *, pending: int = 0, failed: int = 0) -> dict[str, object]:
+def destination_json(
+    row: AlertDestination, *, pending: int = 0, failed: int = 0
+) -> dict[str, object]:
     out: dict[str, object] = {
         "name": row.name,
         "kind": row.kind,

@@ -18,6 +18,7 @@ import os
 import socket
 import uuid
 from collections.abc import Callable, Sequence
+
 import httpx
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, transaction

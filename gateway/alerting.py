@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from alerts import events
 from alerts.outbox import AlertQueue
 from quota.windows import Window
-from routing.eligibility import TargetState
 from routing.attempts import AttemptRecord
+from routing.eligibility import TargetState
 
 AUTH_REASONS = frozenset({"auth", "forbidden"})
 

@@ -51,9 +51,10 @@ def test_pure_module_imports_no_framework(module: str) -> None:
 # routing core; a package imports only packages in lower rows, never one in its own row or
 # above (docs/architecture.md). Derived from what the code needs: `gateway` asks `accounts`
 # (who), `usage` (budgets, request log), `combos`/`routing` (where) and `providers` (the wire);
-# `alerts` sits below every producer of events (usage, accounts, gateway) and above `server`
-# (its background writer and metrics); `server` (process lifecycle, metrics, background writers) and `state` (Redis stores) serve
-# the domains above them; `state` implements stores whose types `routing` and `quota` define.
+# `server` (process lifecycle, metrics, background writers) and `state` (Redis stores) serve
+# the domains above them; `alerts` sits below every producer of events (usage, accounts,
+# gateway) and above `server` (its background writer); `state` implements stores whose types
+# `routing` and `quota` define.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("ocxsite",),
     ("gateway",),

@@ -15,7 +15,6 @@ from django.db import transaction
 
 from alerts import events as alert_events
 from alerts import outbox
-
 from server.background import BatchWriter
 from state.budget_store import MemoryBudgetStore, RedisBudgetStore
 from usage.budget_gate import BudgetGate

@@ -82,5 +82,3 @@ def serve() -> tuple[Receiver, Callable[[], None]]:
         httpd.server_close()
 
     return receiver, stop
-
-

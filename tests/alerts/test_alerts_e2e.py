@@ -67,13 +67,16 @@ def setup(server: Server, mock: Mock, receiver: Receiver) -> None:
             "models": {m: {"contextWindow": 100000} for m in ("hot", "cold", "locked")},
         },
     )
-    server.put_combo("team", {"targets": [{"provider": "p", "model": "hot"},
-                                          {"provider": "p", "model": "cold"}]})
+    server.put_combo(
+        "team", {"targets": [{"provider": "p", "model": "hot"}, {"provider": "p", "model": "cold"}]}
+    )
     server.put_combo("solo", {"targets": [{"provider": "p", "model": "locked"}]})
     r = server.api.put(
         "/api/alerts",
-        json={"name": "leads", "alert": {"kind": "slack", "url": receiver.url + "/services/T/B/X",
-                                         "events": EVENTS}},
+        json={
+            "name": "leads",
+            "alert": {"kind": "slack", "url": receiver.url + "/services/T/B/X", "events": EVENTS},
+        },
     )
     assert r.status_code == 200, r.text
     server.wait_synced()
@@ -103,14 +106,18 @@ def test_a_slack_channel_hears_budget_cooldown_expiry_and_nothing_is_lost_on_res
     try:
         setup(server, mock, receiver)
         key, headers = new_key(server, "ann", budget={"tokens": 250, "period": "day"})
-        mock.script("hot", [{"status": 429, "headers": {"Retry-After": "1"}}], then={"usage": USAGE})
+        mock.script(
+            "hot", [{"status": 429, "headers": {"Retry-After": "1"}}], then={"usage": USAGE}
+        )
         mock.script("cold", [], then={"usage": USAGE})
 
-        assert ask(server, "combo/team", headers) == 200  # hot 429 → cooled; cold serves: 100 tokens
+        assert (
+            ask(server, "combo/team", headers) == 200
+        )  # hot 429 → cooled; cold serves: 100 tokens
         cooled = wait_text(receiver, "[ocx] Target p/hot of combo team is cooling down for ")
-        assert cooled.endswith(
-            ": rate_limited\nhttps://ocx.example/admin/combos/combo/?q=team"
-        ), cooled
+        assert cooled.endswith(": rate_limited\nhttps://ocx.example/admin/combos/combo/?q=team"), (
+            cooled
+        )
         time.sleep(1.1)  # the upstream's Retry-After: 1 passes (the cooldown is real)
         assert ask(server, "combo/team", headers) == 200  # hot probed and served: 200 tokens (80 %)
         assert wait_text(receiver, "[ocx] Target p/hot of combo team served again") == (
@@ -123,7 +130,9 @@ def test_a_slack_channel_hears_budget_cooldown_expiry_and_nothing_is_lost_on_res
             f"[ocx] Budget 80%: {owner} has used 80% of its budget of 250 tokens per day "
             "(200 of 250); it resets at "
         ), budget
-        assert budget.endswith(f"\nhttps://ocx.example/admin/accounts/clientkey/{key['id']}/change/")
+        assert budget.endswith(
+            f"\nhttps://ocx.example/admin/accounts/clientkey/{key['id']}/change/"
+        )
         assert receiver.received[0].path == "/services/T/B/X"
 
         # The receiver goes down; an event (100 %) happens and is not delivered yet.
@@ -149,7 +158,7 @@ def test_a_slack_channel_hears_budget_cooldown_expiry_and_nothing_is_lost_on_res
             full = wait_text(receiver, "[ocx] Budget 100%: ")
             assert f"{owner} has used 100% of its budget of 250 tokens per day" in full
             expiring = wait_text(receiver, "[ocx] Client key ")
-            assert f" of bob expires in 2 day(s) 23 hour(s), at " in expiring, expiring
+            assert " of bob expires in 2 day(s) 23 hour(s), at " in expiring, expiring
             assert "\nhttps://ocx.example/admin/accounts/clientkey/" in expiring
             assert sum(t.startswith("[ocx] Budget 100%") for t in slack_texts(receiver)) == 1
             after = server2.api.get("/api/alerts").json()["alerts"][0]

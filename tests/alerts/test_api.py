@@ -58,7 +58,11 @@ def api(settings: Any, client: Client) -> Api:
     Group.objects.create(name="infra")
     provider_services.provider_set(
         name="cx",
-        raw={"adapter": "openai-responses", "baseUrl": "http://127.0.0.1:9/v1", "models": {"m": {}}},
+        raw={
+            "adapter": "openai-responses",
+            "baseUrl": "http://127.0.0.1:9/v1",
+            "models": {"m": {}},
+        },
     )
     combo_services.combo_set(combo_id="main", raw={"targets": [{"provider": "cx", "model": "m"}]})
     return Api(client)
@@ -104,8 +108,17 @@ def test_put_get_delete_with_a_write_only_secret(api: Api) -> None:
     row = AlertDestination.objects.get(name="ops")
     assert row.secret != SECRET and unseal(row.secret) == SECRET  # sealed at rest
 
-    r = api.put({"name": "leads", "alert": {"kind": "email", "to": ["lead@example.com"],
-                                             "events": ["budget"], "teams": ["infra"]}})
+    r = api.put(
+        {
+            "name": "leads",
+            "alert": {
+                "kind": "email",
+                "to": ["lead@example.com"],
+                "events": ["budget"],
+                "teams": ["infra"],
+            },
+        }
+    )
     assert r.status_code == 200, r.content
     listed = api.get()
     assert listed.status_code == 200
@@ -143,13 +156,29 @@ def test_put_get_delete_with_a_write_only_secret(api: Api) -> None:
             {"kind": "slack", "url": "https://x.example/", "events": ["budget"], "secret": "s"},
             "secret: only a webhook",
         ),
-        ({"kind": "slack", "url": "https://x.example/", "events": ["budget"],
-          "teams": ["ghosts"]}, "teams: unknown team(s): ghosts"),
-        ({"kind": "slack", "url": "https://x.example/", "events": ["budget"],
-          "combos": ["nope"]}, "combos: unknown combo(s): nope"),
+        (
+            {
+                "kind": "slack",
+                "url": "https://x.example/",
+                "events": ["budget"],
+                "teams": ["ghosts"],
+            },
+            "teams: unknown team(s): ghosts",
+        ),
+        (
+            {
+                "kind": "slack",
+                "url": "https://x.example/",
+                "events": ["budget"],
+                "combos": ["nope"],
+            },
+            "combos: unknown combo(s): nope",
+        ),
         ({"events": ["budget"]}, "alert: a new destination needs kind and events"),
-        ({"kind": "slack", "url": "https://x.example/", "events": ["budget"], "extra": 1},
-         "alert.extra"),
+        (
+            {"kind": "slack", "url": "https://x.example/", "events": ["budget"], "extra": 1},
+            "alert.extra",
+        ),
     ],
 )
 def test_bad_input_is_a_400_naming_the_field_and_changes_nothing(
@@ -162,24 +191,36 @@ def test_bad_input_is_a_400_naming_the_field_and_changes_nothing(
 
 
 def test_a_bad_name_and_no_token_are_refused(api: Api, client: Client) -> None:
-    r = api.put({"name": "no spaces", "alert": {"kind": "slack", "url": SLACK, "events": ["budget"]}})
+    r = api.put(
+        {"name": "no spaces", "alert": {"kind": "slack", "url": SLACK, "events": ["budget"]}}
+    )
     assert r.status_code == 400 and r.json()["error"].startswith("name: 1 to 64")
     assert client.get(URL).status_code == 401
     assert client.put(URL, "{}", "application/json").status_code == 401
 
 
 def test_send_test_reaches_a_real_receiver_signed(api: Api, receiver: Receiver) -> None:
-    api.put({"name": "hook", "alert": {"kind": "webhook", "url": receiver.url + "/t",
-                                       "events": ["budget"], "secret": SECRET}})
+    api.put(
+        {
+            "name": "hook",
+            "alert": {
+                "kind": "webhook",
+                "url": receiver.url + "/t",
+                "events": ["budget"],
+                "secret": SECRET,
+            },
+        }
+    )
     r = api.test("hook")
     assert r.status_code == 200
     assert r.json() == {"success": True, "name": "hook", "error": None}
     got = receiver.wait_for(1)[0]
     body = json.loads(got.body)
     assert (body["event"], body["text"]) == ("test", "Test message from ocx to destination hook")
-    assert got.headers["x-ocx-signature"] == hmac.new(
-        SECRET.encode(), got.body, hashlib.sha256
-    ).hexdigest()
+    assert (
+        got.headers["x-ocx-signature"]
+        == hmac.new(SECRET.encode(), got.body, hashlib.sha256).hexdigest()
+    )
     receiver.statuses = [502]
     assert api.test("hook").json() == {"success": False, "name": "hook", "error": "HTTP 502"}
     assert api.test("nope").status_code == 404
@@ -204,13 +245,33 @@ def ocx(*args: str, stdin: str = "") -> tuple[int, str, str]:
 
 def test_cli_set_list_test_remove(api: Api, receiver: Receiver) -> None:
     code, out, err = ocx(
-        "alert", "set", "leads", "--kind", "slack", "--url", receiver.url + "/services/T/B/X",
-        "--event", "budget", "--event", "key_expiring", "--team", "infra",
+        "alert",
+        "set",
+        "leads",
+        "--kind",
+        "slack",
+        "--url",
+        receiver.url + "/services/T/B/X",
+        "--event",
+        "budget",
+        "--event",
+        "key_expiring",
+        "--team",
+        "infra",
     )
     assert (code, out, err) == (0, "Saved alert destination leads (slack).\n", "")
     code, out, err = ocx(
-        "alert", "set", "ops", "--kind", "webhook", "--url", receiver.url + "/hook",
-        "--event", "quota_low", "--secret-stdin", stdin=SECRET + "\n",
+        "alert",
+        "set",
+        "ops",
+        "--kind",
+        "webhook",
+        "--url",
+        receiver.url + "/hook",
+        "--event",
+        "quota_low",
+        "--secret-stdin",
+        stdin=SECRET + "\n",
     )
     assert code == 0, err
     assert unseal(AlertDestination.objects.get(name="ops").secret) == SECRET
@@ -262,7 +323,11 @@ def test_admin_form_send_test_and_failures(api: Api, client: Client, receiver: R
     )
     assert r.status_code == 302, r.content.decode()[:2000]
     row = AlertDestination.objects.get(name="chat")
-    assert (row.events, row.combos, unseal(row.secret)) == (["budget", "target_cooled"], ["main"], SECRET)
+    assert (row.events, row.combos, unseal(row.secret)) == (
+        ["budget", "target_cooled"],
+        ["main"],
+        SECRET,
+    )
     change = client.get(f"/admin/alerts/alertdestination/{row.pk}/change/")
     assert change.status_code == 200 and SECRET not in change.content.decode()
     # A bad value is a form error and changes nothing.
@@ -282,7 +347,11 @@ def test_admin_form_send_test_and_failures(api: Api, client: Client, receiver: R
     assert len(receiver.wait_for(1)) == 1
 
     message = AlertMessage.objects.create(
-        destination=row, event="budget", key="k", payload={"text": "t"}, created=row.created,
+        destination=row,
+        event="budget",
+        key="k",
+        payload={"text": "t"},
+        created=row.created,
         next_at=row.created,
     )
     mark_failed(message, "HTTP 503", row.created, 30_000)

@@ -193,7 +193,9 @@ def test_a_down_destination_delays_only_itself(receiver: Receiver) -> None:
 
 
 def test_a_message_is_given_up_after_24_hours(receiver: Receiver) -> None:
-    services.destination_set(name="gone", kind="webhook", url=receiver.url, events_wanted=["target_cooled"])
+    services.destination_set(
+        name="gone", kind="webhook", url=receiver.url, events_wanted=["target_cooled"]
+    )
     outbox.write([cooled()])
     receiver.statuses = [500]
     clock = Clock()
@@ -213,7 +215,9 @@ def test_email_goes_through_djangos_backend(settings: Any) -> None:
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     settings.DEFAULT_FROM_EMAIL = "ocx@example.com"
     services.destination_set(
-        name="mail", kind="email", to=["lead@example.com", "ops@example.com"],
+        name="mail",
+        kind="email",
+        to=["lead@example.com", "ops@example.com"],
         events_wanted=["target_cooled"],
     )
     alert = cooled()
@@ -232,7 +236,9 @@ def test_email_goes_through_djangos_backend(settings: Any) -> None:
 
 
 def test_a_storm_folds_into_one_message_per_key_and_interval(receiver: Receiver) -> None:
-    services.destination_set(name="chat", kind="slack", url=receiver.url, events_wanted=["target_cooled"])
+    services.destination_set(
+        name="chat", kind="slack", url=receiver.url, events_wanted=["target_cooled"]
+    )
     start = timezone.now()
     for _ in range(3):
         outbox.write([cooled()], now=start)

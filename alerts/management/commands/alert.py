@@ -106,7 +106,12 @@ class Command(ExamplesCommand):
         p.add_argument("--combo", action="append")
         ns = p.parse_args(rest[1:])
         changes: dict[str, Any] = {}
-        for arg, key in (("kind", "kind"), ("url", "url"), ("to", "to"), ("event", "events_wanted")):
+        for arg, key in (
+            ("kind", "kind"),
+            ("url", "url"),
+            ("to", "to"),
+            ("event", "events_wanted"),
+        ):
             if getattr(ns, arg) is not None:
                 changes[key] = getattr(ns, arg)
         for arg, key in (("team", "teams"), ("combo", "combos")):
