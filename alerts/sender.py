@@ -138,9 +138,10 @@ class Sender:
         self._client: httpx.AsyncClient | None = None
         self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run on `loop` (it may not be running yet: a worker starting)."""
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self.run())
+            self._task = loop.create_task(self.run())
 
     async def run(self) -> None:
         failing = False
@@ -231,8 +232,11 @@ class Sender:
         if self._task is not None:
             self._task.cancel()
         if self.busy:
-            await asyncio.wait(list(self.busy.values()), timeout=5)
-        await in_thread(release_lease, self.holder)
+            await asyncio.wait(list(self.busy.values()), timeout=2)
+        try:
+            await in_thread(release_lease, self.holder)
+        except DatabaseError as exc:  # the lease lapses by itself (30 s)
+            log.warning("alert sender: could not give the lease back (%s)", type(exc).__name__)
         await self.aclose()
 
     async def aclose(self) -> None:

@@ -130,7 +130,6 @@ class Runtime:
         # Alerts noticed on the /v1 path (gateway.alerting), written to the outbox off it.
         self.alerts = AlertQueue()
         self.quota_watch = alerting.QuotaWatch(settings.OCX_ALERT_QUOTA_PERCENT)
-        self.sender: Sender | None = None
         self.recall: MemoryRecall | GuardedRecall = MemoryRecall()
         self.limiter: MemoryLimiter | GuardedLimiter = MemoryLimiter()
         if settings.OCX_REDIS_URL and self.redis is not None:
@@ -193,10 +192,6 @@ class Runtime:
                 keys_version, snap, keys = await in_thread(_load)
                 self.apply(snap, keys, keys_version)
                 self._started = asyncio.get_running_loop().create_task(self._poll_forever())
-                if os.environ.get("OCX_WORKER"):
-                    # Every `ocx serve` worker runs one; only the lease holder sends.
-                    self.sender = Sender(periodic=(check_expiring,))
-                    self.sender.start()
         assert self.snapshot is not None
         return self.snapshot
 
@@ -504,9 +499,6 @@ class Runtime:
             self.alerts,
         ):
             await writer.drain()
-        if self.sender is not None:
-            # The outbox is written; another worker or the next start sends from here on.
-            await self.sender.stop()
 
     def emit(self, event: dict[str, object], *, force: bool = False) -> None:
         """Push a routing event to `/ws/events` subscribers (fire and forget); cooldowns and
@@ -663,9 +655,23 @@ def on_versions_committed(sender: object, delta: Delta | None = None, **kwargs: 
 async def _flush_runtime() -> None:
     if _runtime is not None:  # only if this worker ever served
         await _runtime.flush()
+    if _sender is not None:
+        # The outbox is written; another worker or the next start sends from here on.
+        await _sender.stop()
 
 
+def _start_sender(loop: asyncio.AbstractEventLoop) -> None:
+    """Every `ocx serve` worker runs an alert sender from its start; only the holder of the
+    sender lease sends (alerts.sender)."""
+    global _sender
+    if _sender is None and os.environ.get("OCX_WORKER"):
+        _sender = Sender(periodic=(check_expiring,))
+        _sender.start(loop)
+
+
+_sender: Sender | None = None
 lifecycle.on_flush(_flush_runtime)
+lifecycle.on_start(_start_sender)
 
 
 def get_runtime() -> Runtime:

@@ -154,7 +154,6 @@ def test_a_slack_channel_hears_budget_cooldown_expiry_and_nothing_is_lost_on_res
             tmp_path, extra_env=ENV, database_url=server.env.get("DATABASE_URL")
         )
         try:
-            server2.http.get("/v1/models")  # the worker's runtime (and its sender) starts
             full = wait_text(receiver, "[ocx] Budget 100%: ")
             assert f"{owner} has used 100% of its budget of 250 tokens per day" in full
             expiring = wait_text(receiver, "[ocx] Client key ")
