@@ -95,7 +95,11 @@ def _check(response: httpx.Response) -> None:
         raise DeliveryError(f"HTTP {response.status_code}")
 
 
-def _unreachable(exc: httpx.HTTPError) -> DeliveryError:
+# No connection, a timeout, or a URL the client cannot use (a host IDNA refuses …).
+SEND_ERRORS = (httpx.HTTPError, httpx.InvalidURL, UnicodeError, ValueError)
+
+
+def _unreachable(exc: Exception) -> DeliveryError:
     return DeliveryError(f"{type(exc).__name__}: could not reach the destination")
 
 
@@ -112,7 +116,7 @@ async def post(
     body, headers = request(kind=kind, sealed=sealed, payload=payload, folded=folded)
     try:
         response = await client.post(url, content=body, headers=headers, timeout=TIMEOUT)
-    except httpx.HTTPError as exc:
+    except SEND_ERRORS as exc:
         raise _unreachable(exc) from None
     _check(response)
 
@@ -123,7 +127,7 @@ def post_now(*, kind: str, url: str, sealed: str, payload: dict[str, Any]) -> No
     try:
         with httpx.Client(timeout=TIMEOUT) as client:
             response = client.post(url, content=body, headers=headers)
-    except httpx.HTTPError as exc:
+    except SEND_ERRORS as exc:
         raise _unreachable(exc) from None
     _check(response)
 

@@ -33,8 +33,12 @@ def _strings(field: str, value: object) -> list[str]:
 def _url(value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValidationError({"url": ["required for slack and webhook destinations"]})
-    parts = urlsplit(value.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(value.strip())
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a port out of range, a bad IPv6 literal
+        ok = False
+    if not ok or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value.strip()):
         # The value itself is not echoed: a Slack webhook URL is a credential.
         raise ValidationError({"url": ["an http:// or https:// URL with a host"]})
     return value.strip()
