@@ -59,6 +59,8 @@ def take_lease(holder: str, now: dt.datetime, *, name: str = "sender") -> bool:
     )
     if taken:
         return True
+    if SenderLease.objects.filter(name=name).exists():
+        return False  # another process holds it (no failing insert every pass)
     try:
         with transaction.atomic():
             SenderLease.objects.create(name=name, holder=holder, until=until)

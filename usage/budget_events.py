@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 
 from alerts import events as alert_events
 from alerts import outbox
@@ -42,7 +42,13 @@ def write_events(events: list[dict[str, Any]]) -> None:
     ]
     with transaction.atomic():  # the events and their alerts' outbox rows, together
         BudgetEvent.objects.bulk_create(rows)
-        outbox.write([alert_events.budget(e) for e in events])
+        try:
+            with transaction.atomic():
+                outbox.write([alert_events.budget(e) for e in events])
+        except (OperationalError, InterfaceError):
+            raise  # the database is unreachable: the batch is kept and retried whole
+        except Exception:  # noqa: BLE001 - an alert's failure must not lose the budget events
+            log.exception("could not write the alerts of %d budget event(s)", len(events))
 
 
 def new_writer() -> BatchWriter[dict[str, Any]]:
