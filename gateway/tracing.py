@@ -77,11 +77,8 @@ def flush(timeout_ms: int = 5000) -> None:
 def start_request(path: str) -> Any:
     from opentelemetry.trace import SpanKind
 
-    return TRACER.start_span(
-        f"{OPERATION}",
-        kind=SpanKind.SERVER,
-        attributes={"gen_ai.operation.name": OPERATION, "url.path": path},
-    )
+    # Named for what it asked once that is known (`end_request`); `/v1/models` stays a path.
+    return TRACER.start_span(path, kind=SpanKind.SERVER, attributes={"url.path": path})
 
 
 def end_request(span: Any, entry: Any, outcome: str) -> None:
@@ -89,6 +86,7 @@ def end_request(span: Any, entry: Any, outcome: str) -> None:
     model = entry.requested_model
     if model:
         span.update_name(f"{OPERATION} {model}")
+        span.set_attribute("gen_ai.operation.name", OPERATION)
         span.set_attribute("gen_ai.request.model", model)
     if entry.target:
         provider, _, served = entry.target.partition("/")
@@ -100,7 +98,7 @@ def end_request(span: Any, entry: Any, outcome: str) -> None:
     _usage(span, entry.input_tokens, entry.output_tokens)
     span.set_attribute("ocx.outcome", outcome)
     span.set_attribute("ocx.attempts", len(entry.attempts))
-    span.set_attribute("gen_ai.request.stream", bool(entry.stream))
+    span.set_attribute("ocx.stream", bool(entry.stream))
     if entry.status:
         span.set_attribute("http.response.status_code", entry.status)
     if outcome != "ok" or entry.status >= 500:

@@ -121,7 +121,7 @@ def test_spans_reach_an_otlp_receiver_with_genai_attributes(
             "gen_ai.provider.name": "p",
             "gen_ai.usage.input_tokens": 60,
             "gen_ai.usage.output_tokens": 40,
-            "gen_ai.request.stream": False,
+            "ocx.stream": False,
             "ocx.combo": "t",
             "ocx.target": "p/b",
             "ocx.outcome": "ok",
