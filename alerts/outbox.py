@@ -21,11 +21,11 @@ from django.contrib.auth.models import Group
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
+from prometheus_client import Counter
 
 from alerts.events import Alert
 from alerts.models import PENDING, AlertDestination, AlertMessage
 from server.background import BatchWriter
-from server.metrics import Counter
 
 ALERTS_DROPPED = Counter(
     "ocx_alerts_dropped_total", "Alert events dropped: the in-memory alert queue was full"

@@ -134,6 +134,8 @@ def test_a_slack_channel_hears_budget_cooldown_expiry_and_nothing_is_lost_on_res
             f"\nhttps://ocx.example/admin/accounts/clientkey/{key['id']}/change/"
         )
         assert receiver.received[0].path == "/services/T/B/X"
+        metrics = server.http.get("/metrics").text
+        assert 'ocx_alert_deliveries_total{destination="leads",result="sent"} 3.0' in metrics
 
         # The receiver goes down; an event (100 %) happens and is not delivered yet.
         receiver.statuses = [503] * 10_000
@@ -146,6 +148,8 @@ def test_a_slack_channel_hears_budget_cooldown_expiry_and_nothing_is_lost_on_res
             time.sleep(0.05)
         listed = server.api.get("/api/alerts").json()["alerts"][0]
         assert listed["pending"] >= 1
+        metrics = server.http.get("/metrics").text
+        assert 'ocx_alert_deliveries_total{destination="leads",result="retry"}' in metrics
         assert not any(t.startswith("[ocx] Budget 100%") for t in slack_texts(receiver))
         _stop(server.proc)  # a restart between the event and its delivery
 
