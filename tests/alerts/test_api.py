@@ -4,6 +4,7 @@ through a logged-in client; *Send test* reaches a real receiver. The secret is w
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import hmac
 import io
@@ -17,7 +18,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.test import Client
 
-from alerts.models import PENDING, AlertDestination, AlertMessage
+from alerts.models import FAILED, PENDING, AlertDestination, AlertMessage
 from alerts.sender import mark_failed
 from combos import services as combo_services
 from ocxsite import cli
@@ -358,3 +359,15 @@ def test_admin_form_send_test_and_failures(api: Api, client: Client, receiver: R
     listing = client.get("/admin/alerts/alertmessage/?status=pending")
     assert listing.status_code == 200 and "HTTP 503" in listing.content.decode()
     assert AlertMessage.objects.get().status == PENDING
+    # Given up after 24 h: *Retry now* sends it again, with 24 h more.
+    late = row.created + dt.timedelta(hours=25)
+    mark_failed(AlertMessage.objects.get(), "HTTP 503", late, 30_000)
+    assert AlertMessage.objects.get().status == FAILED
+    r = client.post(
+        "/admin/alerts/alertmessage/",
+        {"action": "retry_now", "_selected_action": [message.pk]},
+        follow=True,
+    )
+    assert "1 message(s) will be sent again." in r.content.decode()
+    again = AlertMessage.objects.get()
+    assert again.status == PENDING and again.created > row.created
