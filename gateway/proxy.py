@@ -35,7 +35,7 @@ from combos.shaping import (
     image_rejection,
 )
 from combos.status import label as status_label
-from gateway import refusals
+from gateway import alerting, refusals, tracing
 from gateway.rescue import BufferOverflow, Rescue, Role
 from gateway.runtime import Runtime, get_runtime
 from providers.masking import Masker, bearer_value
@@ -181,6 +181,8 @@ class Exchange:
         self.roles: Mapping[int, Role] = _NO_ROLES
         # The `x-codex-*` rate-limit headers of the latest attempt's answer (PRODUCT §9.10).
         self.codex_headers: list[tuple[bytes, bytes]] = []
+        # The request's span while OpenTelemetry tracing is on (gateway.tracing).
+        self.trace: Any = None
 
     def base_headers(self) -> list[tuple[bytes, bytes]]:
         headers = [(b"x-ocx-request-id", self.request_id.encode())]
@@ -271,6 +273,7 @@ class ProxyApp:
         # ALLOWED_HOSTS as Django applies it elsewhere, precomputed (a dict lookup per request).
         self.hosts = HostGate(settings.ALLOWED_HOSTS)
         self.turns = Turns()
+        tracing.setup()  # on only with OTEL_EXPORTER_OTLP_ENDPOINT (and the `otel` extra)
 
     @property
     def runtime(self) -> Runtime:
@@ -280,6 +283,8 @@ class ProxyApp:
         request_id = new_request_id()
         exchange = Exchange(send, request_id, scope.get(body_now.SCOPE_KEY))
         started = time.monotonic()
+        if tracing.TRACER is not None:
+            exchange.trace = tracing.start_request(scope["path"])
         outcome = "ok"
         # The whole request, its `finally` too (charge, last chunk, log entry): a drain must
         # not see nothing in flight while a request still writes.
@@ -360,6 +365,8 @@ class ProxyApp:
                         outcome = "client_cancelled"
                 if exchange.logged:
                     self._log(exchange, outcome, time.monotonic() - started)
+                if exchange.trace is not None:
+                    tracing.end_request(exchange.trace, exchange.entry, outcome)
 
     def _log(self, exchange: Exchange, outcome: str, elapsed: float) -> None:
         entry = exchange.entry
@@ -709,6 +716,13 @@ class ProxyApp:
             )
             seen: dict[str, Any] = {}
             started = time.monotonic()
+            span = (
+                None
+                if exchange.trace is None
+                else tracing.start_attempt(
+                    exchange.trace, provider.name, provider.adapter, target.key, target.model
+                )
+            )
 
             def observe(status: int, upstream_headers: Mapping[str, str]) -> None:
                 seen["headers"] = upstream_headers
@@ -728,9 +742,15 @@ class ProxyApp:
                     responder=exchange if responder is None else responder,
                     observe=observe,
                 )
+            except BaseException:
+                if span is not None:
+                    tracing.end_attempt(span, None)
+                raise
             finally:
                 elapsed = time.monotonic() - started
                 exchange.upstream_s += elapsed
+            if span is not None:
+                tracing.end_attempt(span, outcome)
             if outcome.failure is not None and outcome.failure.message:
                 # Before it reaches the client, the request log or a log line (issue #26).
                 masked = caller.masker.text(outcome.failure.message)
@@ -831,6 +851,7 @@ class ProxyApp:
                     result=result,
                     revision=snapshot.version,
                     access=access,
+                    on_recovered=alerting.recovered(runtime.alerts, combo.id, _now_ms),
                 )
             except asyncio.CancelledError:
                 # Client abort: the request log still gets the attempt it made (status 499).
@@ -916,6 +937,9 @@ class ProxyApp:
                 )
                 for t in combo.targets
             ]
+        alerting.after_route(
+            runtime.alerts, combo.id, result.attempts, states, result.retry_after, _now_ms()
+        )
         _finish_route(combo, result, states)
 
 

@@ -35,10 +35,13 @@ from django.db import OperationalError as DbOperationalError
 
 from accounts import access
 from accounts.access import KeyInfo
+from accounts.expiry_alerts import check_expiring
+from alerts.outbox import AlertQueue
+from alerts.sender import Sender
 from combos import selectors
 from dashboard import services as dashboard_services
 from dashboard.services import STORED_KINDS
-from gateway import config_delta, confignotify
+from gateway import alerting, config_delta, confignotify
 from gateway.events import EVENTS_GROUP
 from providers.services import Delta
 from providers.upstream import ProviderClient
@@ -124,6 +127,9 @@ class Runtime:
         self.routing_events: BatchWriter[dict[str, object]] = BatchWriter(
             "routing events", _write_routing_events, maxsize=1000, flush_s=1.0
         )
+        # Alerts noticed on the /v1 path (gateway.alerting), written to the outbox off it.
+        self.alerts = AlertQueue()
+        self.quota_watch = alerting.QuotaWatch(settings.OCX_ALERT_QUOTA_PERCENT)
         self.recall: MemoryRecall | GuardedRecall = MemoryRecall()
         self.limiter: MemoryLimiter | GuardedLimiter = MemoryLimiter()
         if settings.OCX_REDIS_URL and self.redis is not None:
@@ -423,6 +429,7 @@ class Runtime:
 
     def _on_windows(self, pair: tuple[str, str], windows: list[Window]) -> None:
         self.snapshots.submit((pair[0], pair[1], windows))
+        self.quota_watch.check(self.alerts, pair, windows, int(time.time() * 1000))
 
     async def _on_transition(self, provider: str, credential: str, transition: Transition) -> None:
         message = transition_text(self.snapshot, provider, transition)
@@ -489,6 +496,7 @@ class Runtime:
             self.transitions,
             self.routing_events,
             self.budget_events,
+            self.alerts,
         ):
             await writer.drain()
 
@@ -499,6 +507,8 @@ class Runtime:
             event = {**event, "at": int(time.time() * 1000)}
         if event.get("kind") in STORED_KINDS:
             self.routing_events.submit(event)
+        if event.get("kind") == "cooldown":
+            alerting.cooled(self.alerts, event, int(event["at"]))  # type: ignore[call-overload]
         layer = get_channel_layer()
         if layer is None:
             return
@@ -645,9 +655,23 @@ def on_versions_committed(sender: object, delta: Delta | None = None, **kwargs: 
 async def _flush_runtime() -> None:
     if _runtime is not None:  # only if this worker ever served
         await _runtime.flush()
+    if _sender is not None:
+        # The outbox is written; another worker or the next start sends from here on.
+        await _sender.stop()
 
 
+def _start_sender(loop: asyncio.AbstractEventLoop) -> None:
+    """Every `ocx serve` worker runs an alert sender from its start; only the holder of the
+    sender lease sends (alerts.sender)."""
+    global _sender
+    if _sender is None and os.environ.get("OCX_WORKER"):
+        _sender = Sender(periodic=(check_expiring,))
+        _sender.start(loop)
+
+
+_sender: Sender | None = None
 lifecycle.on_flush(_flush_runtime)
+lifecycle.on_start(_start_sender)
 
 
 def get_runtime() -> Runtime:

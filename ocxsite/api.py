@@ -141,6 +141,7 @@ def on_data_error(request: HttpRequest, exc: DataError) -> HttpResponse:
 def _mount() -> None:
     from accounts.keys_api import router as keys_router
     from accounts.teams_api import router as teams_router
+    from alerts.api import router as alerts_router
     from combos.api import router as combos_router
     from combos.catalog_api import router as catalog_router
     from providers.api import router as providers_router
@@ -153,6 +154,7 @@ def _mount() -> None:
     api.add_router("/teams", teams_router)
     api.add_router("/catalog", catalog_router)
     api.add_router("/usage", usage_router)
+    api.add_router("/alerts", alerts_router)
     api.add_router("", ops_router)
 
 

@@ -18,6 +18,7 @@ COMMANDS = {
     "token",
     "user",
     "doctor",
+    "alert",
 }
 USAGE = """usage: ocx <command> [...]
 
@@ -35,6 +36,7 @@ commands:
   catalog write PATH|show
   status [combo]
   usage [--by user|team|key|combo|target|model[,…]] [--since 7d] [--until T] [--json|--csv]
+  alert set NAME --kind slack|webhook|email --url U|--to A --event E...|list|remove NAME|test NAME
 
 Run `ocx <command> --help` (or `ocx help <command>`) for its options and examples.
 """
@@ -142,6 +144,7 @@ _READ_ONLY = {
     "catalog": {"show", "write"},
     "config": {"dump"},
     "token": {"list"},
+    "alert": {"list"},
 }
 
 

@@ -190,6 +190,22 @@ OCX_CSP = os.environ.get("OCX_CSP", "").strip() or None
 # address, for OCX_LOGIN_LOCKOUT_MINUTES; 0 switches the throttling off.
 OCX_LOGIN_FAILURE_LIMIT = env_int("OCX_LOGIN_FAILURE_LIMIT", 5)
 OCX_LOGIN_LOCKOUT_MINUTES = env_int("OCX_LOGIN_LOCKOUT_MINUTES", 15, minimum=1)
+# Alerts (docs/alerts.md): admin links start with OCX_PUBLIC_URL; one message per event key
+# and destination per OCX_ALERT_MIN_INTERVAL seconds; e-mail through OCX_EMAIL_*.
+OCX_PUBLIC_URL = os.environ.get("OCX_PUBLIC_URL", "").strip().rstrip("/")
+OCX_ALERT_MIN_INTERVAL = env_int("OCX_ALERT_MIN_INTERVAL", 300)
+OCX_ALERT_QUOTA_PERCENT = env_int("OCX_ALERT_QUOTA_PERCENT", 90, minimum=1)
+OCX_ALERT_POLL_MS = env_int("OCX_ALERT_POLL_MS", 2000, minimum=10)
+OCX_ALERT_RETRY_MS = env_int("OCX_ALERT_RETRY_MS", 30_000, minimum=1)
+EMAIL_BACKEND = os.environ.get("OCX_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = os.environ.get("OCX_EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("OCX_EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = os.environ.get("OCX_EMAIL_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("OCX_EMAIL_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("OCX_EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("OCX_EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = 10
+DEFAULT_FROM_EMAIL = os.environ.get("OCX_EMAIL_FROM", "ocx@localhost")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -205,6 +221,7 @@ INSTALLED_APPS = [
     "usage",
     "dashboard",
     "accounts",
+    "alerts",
     "server",  # its management command: `ocx status`
     "ninja",  # Swagger UI / ReDoc served from our own static files (no CDN)
     "axes",  # admin login throttling
@@ -319,5 +336,5 @@ LOGGING = {
     },
     "root": {"handlers": ["console"], "level": os.environ.get("OCX_LOG_LEVEL", "INFO")},
     # django-axes logs every login at INFO; its warnings (failures, lockouts) stay.
-    "loggers": {"axes": {"level": "WARNING"}},
+    "loggers": {"axes": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
 }

@@ -105,6 +105,7 @@ async def route(
     result: RouteResult | None = None,
     revision: int = 0,
     access: AccessOf | None = None,
+    on_recovered: Callable[[str], None] | None = None,
 ) -> RouteResult:
     """Route one request through `combo`. `dispatch(target, is_last_chance)` is awaited at most
     once per target (plus the single-target retry); cancellation (client abort) propagates after
@@ -171,6 +172,8 @@ async def route(
             seen = selection.state
             if seen is None or st.note_success(seen, combo, key) != seen:
                 await store.update(combo.id, st.stamped(combo, revision, _succeeded(combo, key)))
+            if on_recovered is not None and seen is not None and key in seen.cooldowns:
+                on_recovered(key)  # a cooled or half-open target served: healthy again
             result.attempts.append(
                 AttemptRecord(key, outcome.status, "served", "", None, elapsed, outcome.malformed)
             )

@@ -465,6 +465,9 @@ def _when_running() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     signal.signal(signal.SIGINT, _on_sigterm)
     lifecycle.freeze_heap()
+    from twisted.internet import reactor
+
+    lifecycle.started(reactor._asyncioEventloop)  # type: ignore[attr-defined]
     ready_fd = os.environ.pop("OCX_READY_FD", None)
     if ready_fd:
         # Tells `ocx serve` this worker accepts connections (a SIGHUP reload waits for it).

@@ -50,6 +50,24 @@ def on_flush(flush: Callable[[], Awaitable[None]]) -> None:
     _flushers.append(flush)
 
 
+# What a worker starts once it accepts connections (on its event loop): `gateway.runtime`
+# registers the alert sender here.
+_starters: list[Callable[[asyncio.AbstractEventLoop], None]] = []
+
+
+def on_start(start: Callable[[asyncio.AbstractEventLoop], None]) -> None:
+    _starters.append(start)
+
+
+def started(loop: asyncio.AbstractEventLoop) -> None:
+    """The worker accepts connections: run what was registered with `on_start`."""
+    for start in list(_starters):
+        try:
+            start(loop)
+        except Exception:  # noqa: BLE001 - one starter's failure must not stop the worker
+            log.exception("worker start hook %s failed", getattr(start, "__name__", start))
+
+
 async def flush_all() -> None:
     for flush in list(_flushers):
         await flush()

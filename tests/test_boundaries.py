@@ -52,12 +52,15 @@ def test_pure_module_imports_no_framework(module: str) -> None:
 # above (docs/architecture.md). Derived from what the code needs: `gateway` asks `accounts`
 # (who), `usage` (budgets, request log), `combos`/`routing` (where) and `providers` (the wire);
 # `server` (process lifecycle, metrics, background writers) and `state` (Redis stores) serve
-# the domains above them; `state` implements stores whose types `routing` and `quota` define.
+# the domains above them; `alerts` sits below every producer of events (usage, accounts,
+# gateway) and above `server` (its background writer); `state` implements stores whose types
+# `routing` and `quota` define.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("ocxsite",),
     ("gateway",),
     ("accounts", "dashboard"),
     ("usage",),
+    ("alerts",),
     ("server", "state"),
     ("combos",),
     ("quota",),

@@ -1,6 +1,6 @@
 """The runtime's budget gate and what happens to its 80 % / 100 % events: a log line, a push
 to `/ws/events`, and a `BudgetEvent` row (written in batches off the hot path, shown in the
-admin)."""
+admin) with, in the same transaction, the alert messages it makes (`alerts.outbox`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
+from django.db import InterfaceError, OperationalError, transaction
 
+from alerts import events as alert_events
+from alerts import outbox
 from server.background import BatchWriter
 from state.budget_store import MemoryBudgetStore, RedisBudgetStore
 from usage.budget_gate import BudgetGate
@@ -22,7 +25,7 @@ log = logging.getLogger("ocx.budget")
 def write_events(events: list[dict[str, Any]]) -> None:
     from usage.models import BudgetEvent
 
-    BudgetEvent.objects.bulk_create(
+    rows = [
         BudgetEvent(
             at=dt.datetime.fromtimestamp(e["at"] / 1000, tz=dt.UTC),
             owner=e["owner"][:200],
@@ -36,7 +39,16 @@ def write_events(events: list[dict[str, Any]]) -> None:
             message=e["message"],
         )
         for e in events
-    )
+    ]
+    with transaction.atomic():  # the events and their alerts' outbox rows, together
+        BudgetEvent.objects.bulk_create(rows)
+        try:
+            with transaction.atomic():
+                outbox.write([alert_events.budget(e) for e in events])
+        except (OperationalError, InterfaceError):
+            raise  # the database is unreachable: the batch is kept and retried whole
+        except Exception:  # noqa: BLE001 - an alert's failure must not lose the budget events
+            log.exception("could not write the alerts of %d budget event(s)", len(events))
 
 
 def new_writer() -> BatchWriter[dict[str, Any]]:

@@ -557,6 +557,7 @@ def _event(
         "percent": percent,
         "owner": sb.owner,
         "scope": sb.kind,
+        "label": sb.scope,  # the counter's owner (k12, u3, t5): alerts look up its teams
         "budget": sb.budget.to_json(),
         "window": window,
         "used": used,

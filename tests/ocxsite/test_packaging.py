@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("ocxsite", "providers", "combos", "quota", "usage", "dashboard", "accounts")
+APPS = ("ocxsite", "providers", "combos", "quota", "usage", "dashboard", "accounts", "alerts")
 # The packages without models or migrations (`server` is an app only for `ocx status`).
 PACKAGES = ("gateway", "server", "state", "routing")
 

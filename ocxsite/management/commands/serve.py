@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import importlib.util
 import os
@@ -110,6 +111,7 @@ def _graceful(base: type[Any]) -> type[Any]:
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets=sockets)
             lifecycle.freeze_heap()
+            lifecycle.started(asyncio.get_running_loop())
 
         def _say_ready(self, fd: int) -> None:
             while not self.started and not self.should_exit:

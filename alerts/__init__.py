@@ -1,0 +1,1 @@
+"""Alerts: destinations (Slack, webhook, e-mail), the outbox of messages and its sender."""

@@ -1,0 +1,10 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class AlertsConfig(AppConfig):
+    """Alert destinations, the outbox of messages to them and its one sender (PRODUCT §9.9)."""
+
+    name = "alerts"
+    default_auto_field = "django.db.models.BigAutoField"
