@@ -187,7 +187,7 @@ def test_a_refused_stored_key_and_a_combo_with_no_target_left(
             "[ocx] Provider p refused its stored key with HTTP 401 (combo solo, target p/locked)"
             "\nhttps://ocx.example/admin/providers/provider/?q=p"
         )
-        assert ask(server, "combo/solo", headers) == 503  # its only target is cooling
+        assert ask(server, "combo/solo", headers) == 429  # long cooling: a usage limit
         unavailable = wait_text(receiver, "[ocx] Combo solo has no target left")
         assert unavailable == (
             "[ocx] Combo solo has no target left (p/locked: cooling); earliest retry in 600 s"
