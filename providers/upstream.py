@@ -9,6 +9,7 @@ hop-by-hop headers are never forwarded.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import ssl
@@ -800,6 +801,7 @@ async def _stream(
     undeclared: str | None = None
     usage: Usage | None = None
     cut_malformed = 0  # translated streams stop at their first malformed frame
+    stalled = False
 
     def bad_frames() -> int:
         # A pass-through forwards every malformed frame; the scanner counted them as it read.
@@ -935,7 +937,7 @@ async def _stream(
             )
         # After its terminal signal a stream that goes quiet is complete (judged by content).
         if not scanner.terminal_seen:
-            broken = truncation_failure("stalled (idle timeout)")
+            broken, stalled = truncation_failure("stalled (idle timeout)"), True
     except httpx.HTTPError:
         if not committed:
             return Outcome(
@@ -997,6 +999,8 @@ async def _stream(
         failure = (
             _undeclared(undeclared) if undeclared is not None else _failure_from_stream(broken)
         )
+        if stalled:
+            failure = dataclasses.replace(failure, timed_out=True)  # never retried (#43)
         return Outcome(
             True,
             failure,

@@ -56,6 +56,8 @@ class Failure:
     is one of `STREAM_EVENTS` when a zero-output terminal event caused the failure. `headers` are
     the *upstream* response headers with lower-case names (never the synthetic client
     Retry-After). `body` is the full parsed JSON error body, if any (see `parse_error_body`).
+    `timed_out`: the attempt ended because the upstream went silent (a stall after output,
+    reported as a 502 truncation); a timeout transport says the same before output.
     """
 
     status: int | None = None
@@ -66,6 +68,7 @@ class Failure:
     stream_event: str | None = None
     headers: Mapping[str, str] = field(default_factory=_empty_headers)
     body: Mapping[str, object] | None = None
+    timed_out: bool = False
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ Before the attempt loop hops on a failure before commit, `retry_wait` says wheth
 target is worth another try and how long to wait first. Only transient failures qualify: a 429
 whose `Retry-After` fits in `maxWaitMs`, a 500/502/503/504 that is not quota, billing or a
 credential problem, a connection refused or reset before any output. Never quota exhaustion,
-auth, other 4xx, context overflow, refusals, ocx's own overload or a failure after commit.
+auth, other 4xx, context overflow, refusals, ocx's own overload or a failure after commit, and
+never a timeout (no first byte, a stall, issue #43): a silent target retried multiplies the wait,
+so the combo moves on at once.
 The clock, the random source and the deadline are passed in.
 """
 
@@ -22,6 +24,9 @@ RETRY_STATUSES: frozenset[int] = frozenset({500, 502, 503, 504})
 RETRY_TRANSPORTS: frozenset[str] = frozenset({"connect", "reset"})
 # Classifications of a 5xx that say "try again", not "this account or request is wrong".
 RETRY_REASONS: frozenset[str] = frozenset({"server_error", "overloaded", "connection"})
+TIMEOUT_TRANSPORTS: frozenset[str] = frozenset(
+    {"timeout_connect", "timeout_first_byte", "timeout_idle", "timeout_total"}
+)
 # The jittered wait when the upstream gave no Retry-After (capped by maxWaitMs).
 BACKOFF_MIN_MS = 100
 BACKOFF_MAX_MS = 500
@@ -45,6 +50,8 @@ def transient(failure: Failure, decision: Decision) -> bool:
     """Whether the classified pre-commit failure is one a same-target retry may cure."""
     if decision.local_overload or not decision.hop or decision.scope != "target":
         return False
+    if failure.timed_out or failure.transport in TIMEOUT_TRANSPORTS:
+        return False  # a silent target: waiting on it again doubles the wait
     if decision.reason not in RETRY_REASONS and decision.reason != "rate_limited":
         return False
     if failure.stream_event is not None:

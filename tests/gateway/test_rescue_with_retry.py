@@ -56,7 +56,7 @@ def test_with_the_retries_spent_the_buffered_restart_hops(
 
 
 @pytest.mark.parametrize("upstream", UPSTREAMS)
-def test_a_429_with_retry_after_then_a_stall_end_with_one_whole_answer(
+def test_a_429_with_retry_after_then_a_stall_hop_to_one_whole_answer(
     server: Server, mock: Mock, upstream: str
 ) -> None:
     model, key, (a, b) = setup(
@@ -74,5 +74,7 @@ def test_a_429_with_retry_after_then_a_stall_end_with_one_whole_answer(
 
     r = ask(server, "chat", model, key)
 
-    assert whole_answer("chat", r) == TEXT
-    assert (mock.hits(a), mock.hits(b)) == (3, 0)
+    # The 429 is retried on the same target; the stall is a timeout, never retried (issue
+    # #43): the buffered answer restarts on the next target.
+    assert whole_answer("chat", r) == OTHER
+    assert (mock.hits(a), mock.hits(b)) == (2, 1)

@@ -79,6 +79,10 @@ NOT_RETRIED = {
     "501": Failure(status=501),
     "timeout first byte": Failure(transport="timeout_first_byte"),
     "timeout total": Failure(transport="timeout_total"),
+    "timeout idle": Failure(transport="timeout_idle"),
+    "stall after output (buffered)": Failure(
+        status=502, error_code="upstream_stream_truncated", message="stalled", timed_out=True
+    ),
     "malformed 502": Failure(status=502, transport="malformed", message="malformed"),
     "undeclared tool": Failure(transport="undeclared_tool"),
     "ocx overloaded": Failure(transport="local", error_code="pool_full"),
