@@ -529,6 +529,8 @@ async def _non_stream(
                 ),
             )
         raw = json.dumps(translated, separators=(",", ":"), ensure_ascii=False).encode()
+    if caller.masker.holds(raw):
+        raw = caller.masker.secrets_only(raw)  # an answer that spells a credential (#43)
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(raw)).encode()),
@@ -568,22 +570,30 @@ def _frames(events: tuple[SSEEvent, ...]) -> bytes:
 
 
 # `"error"` unescaped is a JSON key or value (an error event or frame); quoted text inside a
-# delta is escaped (`\"error\"`), so normal content is never scanned. One search of the
-# whole batch first: a batch without an error costs one `in` (issue #26, point 6).
+# delta is escaped (`\"error\"`), so normal content is never pattern-redacted. One search of
+# the whole batch first: a batch without an error or a known secret (raw or JSON-escaped,
+# `Masker.holds`) is passed on as it came (issues #26, #43).
 _ERROR = b'"error"'
 
 
 def _masked_outputs(outputs: list[bytes], masker: Masker) -> bytes:
-    """The client bytes of a batch of frames, credentials masked in its error frames."""
+    """The client bytes of a batch of frames, credentials masked in its error frames and any
+    frame that spells a known secret."""
     data = b"".join(outputs)
-    if _ERROR not in data:
+    if _ERROR not in data and not masker.holds(data):
         return data
-    return b"".join(masker.frame(o) if _ERROR in o else o for o in outputs)
+    return b"".join(_masked_output(o, masker) for o in outputs)
+
+
+def _masked_output(output: bytes, masker: Masker) -> bytes:
+    if _ERROR in output:
+        return masker.frame(output)
+    return masker.secrets_only(output) if masker.holds(output) else output
 
 
 def _masked_frames(events: tuple[SSEEvent, ...], masker: Masker) -> bytes:
     data = _frames(events)
-    if _ERROR not in data:
+    if _ERROR not in data and not masker.holds(data):
         return data
     return _masked_outputs([e.raw for e in events], masker)
 
@@ -858,10 +868,11 @@ async def _stream(
         writer_now = getattr(responder, "writer_now", None)
         write = writer_now() if writer_now is not None else None
         if write is not None:
+            masker = caller.masker
 
             def now(chunk: bytes) -> bool:
                 nonlocal declined
-                if translator is None and scanner.plain(chunk):
+                if translator is None and scanner.plain(chunk) and not masker.holds(chunk):
                     write(chunk)
                     return True
                 fed = read(chunk)  # never FAILED once committed: only a cut ends it early
@@ -890,9 +901,15 @@ async def _stream(
         async for chunk in _chunks(resp, first_byte_ms, idle_ms, push):
             fed, declined = declined, None  # read already by the sink, which left it here
             if fed is None:
-                if committed and translator is None and scanner.plain(chunk):
-                    # One plain output delta of a pass-through (the usual streamed event):
-                    # nothing in it for the usage, tool-call, masking or end checks below.
+                if (
+                    committed
+                    and translator is None
+                    and scanner.plain(chunk)
+                    and not caller.masker.holds(chunk)
+                ):
+                    # One plain output delta of a pass-through (the usual streamed event) that
+                    # spells no secret: nothing in it for the usage, tool-call, masking or end
+                    # checks below.
                     await responder.write(chunk)
                     continue
                 fed = read(chunk)
