@@ -679,3 +679,55 @@ def get_runtime() -> Runtime:
     if _runtime is None:
         _runtime = Runtime()
     return _runtime
+
+
+def preload_keys() -> bool:
+    """Read this worker's key map before it accepts traffic (called at import of the ASGI
+    application in a worker, in its main thread, before any loop runs): the body limit of a
+    `/v1` request depends on whether its key is known, and a worker that had not loaded its map
+    yet used to give any `ocx_…` key the authenticated limit (issue #43). False (logged) when
+    the database cannot be read: the worker is then cold, and an unknown key gets the
+    unauthenticated limit until its first load."""
+    from django.db import DatabaseError, connections
+
+    def read() -> tuple[int, config_delta.KeyMap]:
+        try:
+            return selectors.config_versions()[1], _proxy_keys()
+        finally:
+            connections.close_all()
+
+    rt = get_runtime()
+    if rt.keys_version >= 0:
+        return True
+    # In a thread of its own, waited for: uvicorn imports the application on its running loop
+    # (no ORM there), and nothing is served until the import is done anyway.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        try:
+            keys_version, keys = pool.submit(read).result()
+        except DatabaseError as exc:
+            log.warning("could not preload the key map: %s", type(exc).__name__)
+            return False
+    if rt.keys_version < 0:
+        rt.keys, rt.keys_version = keys, keys_version
+    return True
+
+
+_warming: set[asyncio.Task[ConfigSnapshot]] = set()
+
+
+def _warm(loop: asyncio.AbstractEventLoop) -> None:
+    """The first full load (snapshot, key map, notices, the poll) as the worker starts, not at
+    its first `/v1` request: from then on the preloaded key map follows every write."""
+    task = loop.create_task(get_runtime().ready())
+    _warming.add(task)
+    task.add_done_callback(_warmed)
+
+
+def _warmed(task: asyncio.Task[ConfigSnapshot]) -> None:
+    _warming.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        # The first request tries again (and answers the outage as usual).
+        log.warning("first config load failed: %s", type(task.exception()).__name__)
+
+
+lifecycle.on_start(_warm)

@@ -31,13 +31,18 @@ proxy_app = ProxyApp()
 
 def _proxy_keys() -> object:
     # The proxy's own key map, so that the small unauthenticated body limit and the proxy's
-    # 401 agree; None until the worker's first /v1 request loaded it.
+    # 401 agree; None until it is loaded (`preload_keys`, before the first request).
     loaded = proxy_runtime._runtime  # noqa: SLF001 - read only
     return None if loaded is None or loaded.keys_version < 0 else loaded.keys
 
 
 body_limits.key_map = _proxy_keys  # type: ignore[assignment]
 body_limits.request_id = new_request_id
+
+if os.environ.get("OCX_WORKER"):
+    # Known keys before the first request: a made-up key never gets the authenticated body
+    # limit (issue #43).
+    proxy_runtime.preload_keys()
 
 if os.environ.get("OCX_WORKER"):
     # `ocx serve` raised it already (inherited); a worker started some other way raises its own.

@@ -124,8 +124,9 @@ def _presents_credential(headers: Iterable[tuple[bytes, bytes]]) -> bool:
 def _known_client_key(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bool, KnownKey | None]:
     """Whether a /v1 request carries a client key this worker's proxy accepts (the same rule
     and the same key map as `ProxyApp._authenticate`, so the limit and the 401 agree), and the
-    key with its digest when one was computed. Before the worker has loaded its key map (its
-    first /v1 request), any `ocx_…` key counts."""
+    key with its digest when one was computed. A worker loads its key map before it accepts
+    traffic (`gateway.runtime.preload_keys`); one that could not (the database was out) knows
+    no key, so every request gets the unauthenticated limit until it has (issue #43)."""
     token = bearer = b""
     for name, value in headers:
         lowered = name.lower()
@@ -141,7 +142,7 @@ def _known_client_key(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bool, Kno
         return False, None
     keys = key_map()
     if keys is None:
-        return True, None
+        return False, None
     if not token.isascii():
         return False, None  # the map's digests are of the key's text; an `ocx_` key is ASCII
     key = KnownKey(token.decode("ascii"), hashlib.sha256(token).hexdigest())
@@ -156,7 +157,7 @@ def _known_client_key(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bool, Kno
 
 
 # Wired by `ocxsite.asgi` (this module sits below the proxy it guards): the worker's client-key
-# map as the proxy holds it (None until the proxy has loaded it, at its first /v1 request) and
+# map as the proxy holds it (None until it is loaded, before the worker accepts traffic) and
 # the proxy's request-id maker.
 def _no_key_map() -> Mapping[str, object] | None:
     return None

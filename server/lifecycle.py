@@ -51,7 +51,7 @@ def on_flush(flush: Callable[[], Awaitable[None]]) -> None:
 
 
 # What a worker starts once it accepts connections (on its event loop): `gateway.runtime`
-# registers the alert sender here.
+# registers the alert sender and the worker's first config and key-map load here.
 _starters: list[Callable[[asyncio.AbstractEventLoop], None]] = []
 
 

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -181,7 +182,7 @@ def test_bodies_within_the_limit_are_served(bounded_server: Server) -> None:
     ("path", "headers", "limit"),
     [
         (b"/v1/responses", [], 64),
-        (b"/v1/chat/completions?x=1", [(b"X-OCX-Key", b"ocx_abc")], 32_000),
+        (b"/v1/chat/completions?x=1", [(b"X-OCX-Key", b"ocx_abc")], 64),
         (b"/v1/responses", [(b"authorization", b"Bearer sk-not-ours")], 64),
         (b"/api/keys", [], 64),
         (b"/api", [(b"Authorization", b"Bearer ocxm_x")], 1_000),
@@ -199,10 +200,44 @@ def test_limit_of_a_path(
 ) -> None:
     from server import body_limits
 
-    # Before the worker's first /v1 request (no key map yet) any `ocx_…` key counts as known.
+    # A worker that could not load its key map (issue #43: it loads it before it accepts
+    # traffic) knows no key: an `ocx_…` key gets the unauthenticated limit too.
     monkeypatch.setattr(body_limits, "key_map", lambda: None)
     limits = body_limits.Limits(proxy=32_000, api=1_000, other=256_000, unauthenticated=64)
     assert limits.for_request(path, headers) == limit
+
+
+@pytest.mark.parametrize("server_kind", ["daphne", "uvicorn"])
+def test_a_cold_worker_refuses_a_made_up_key_from_the_headers(
+    server_kind: str, tmp_path: Path
+) -> None:
+    """Issue #43, point 2: the first request a fresh worker gets, a made-up `ocx_…` key and a
+    large body: 413 from the headers (a worker loads its key map before it accepts traffic),
+    not the whole body read and then a 401."""
+    if server_kind == "uvicorn" and not HAVE_UVICORN:
+        pytest.skip("uvicorn is not installed")
+    server, stop = start_server(tmp_path, server_args=["--server", server_kind])
+    try:
+        made_up = {"Authorization": "Bearer ocx_" + "m" * 40}
+        # 1 MiB: within the authenticated limit (32 MiB), past the unauthenticated one. The
+        # body is never sent: only an answer from the headers comes back.
+        with _connect(server) as sock:
+            sock.sendall(_head("/v1/responses", f"Content-Length: {1024 * 1024}", made_up))
+            status, headers, body = _answer(sock)
+        assert status == 413
+        assert headers["connection"] == "close"
+        assert json.loads(body)["error"]["message"] == f"Request body exceeds {64 * 1024} bytes"
+        # A real key created after the start is known too (the worker follows the writes).
+        key = server.create_key()
+        body_100k = json.dumps({"model": "no-such-model", "input": "x" * (100 * 1024)})
+        r = server.http.post(
+            "/v1/responses",
+            content=body_100k,
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
+        assert r.json()["error"]["code"] == "model_not_found", r.text
+    finally:
+        stop()
 
 
 def test_a_body_between_the_limits_with_a_known_key_is_served(bounded_server: Server) -> None:
