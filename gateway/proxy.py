@@ -35,7 +35,7 @@ from combos.shaping import (
     image_rejection,
 )
 from combos.status import label as status_label
-from gateway import alerting, refusals, tracing
+from gateway import alerting, caller_limits, refusals, tracing
 from gateway.rescue import BufferOverflow, Rescue, Role
 from gateway.runtime import Runtime, get_runtime
 from providers.masking import Masker, bearer_value
@@ -688,12 +688,18 @@ class ProxyApp:
 
         # Set once a caller-forward upstream refused the caller's credential (issue #26).
         refused: list[str] = []
+        # Caller-forward targets this caller's own rate limit holds it off (issue #43).
+        held = await caller_limits.held_targets(
+            runtime.caller_limits, snapshot.providers, combo, pairs
+        )
 
         def predicate(target: TargetSpec) -> str | None:
             # Credential, quota and pin are the target's state (`access`); this is request-local.
             if refused and forwards_caller_credential(snapshot.providers[target.provider]):
                 # The same refused token would go there too.
                 return "caller credential refused"
+            if target.key in held:
+                return caller_limits.SKIP_REASON
             return encrypted_only(target) if encrypted_only is not None else None
 
         async def dispatch(
@@ -777,6 +783,9 @@ class ProxyApp:
                     # This caller's account is out of quota; other accounts may still use
                     # the target, so the quota state (per credential) handles it alone.
                     outcome = dataclasses.replace(outcome, cool=False)
+            outcome = await caller_limits.note(
+                runtime.caller_limits, provider, target, pair, outcome, combo, held
+            )
             failure = outcome.failure
             if (
                 failure is not None

@@ -52,6 +52,7 @@ from routing.state import MemoryStateStore, StateStore
 from routing.types import ConfigSnapshot, ProviderSpec
 from server import lifecycle, metrics
 from server.background import BatchWriter, in_thread
+from state import caller_limits
 from state.ratelimit import MemoryLimiter, RedisLimiter
 from state.recall_store import MemoryRecall, RedisRecall
 from usage import budget_events, requestlog
@@ -132,6 +133,10 @@ class Runtime:
         self.quota_watch = alerting.QuotaWatch(settings.OCX_ALERT_QUOTA_PERCENT)
         self.recall: MemoryRecall | GuardedRecall = MemoryRecall()
         self.limiter: MemoryLimiter | GuardedLimiter = MemoryLimiter()
+        # A caller-forward target's rate limit, per caller credential (issue #43).
+        self.caller_limits = caller_limits.new(
+            settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX, self.redis
+        )
         if settings.OCX_REDIS_URL and self.redis is not None:
             from state.redis_guard import GuardedLimiter, GuardedRecall
 

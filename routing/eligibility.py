@@ -112,6 +112,12 @@ def callers_credential_refused(status: int | None, code: str) -> bool:
     return status in (401, 403) or code == "invalid_api_key"
 
 
+def callers_rate_limit(status: int | None, reason: str) -> bool:
+    """A caller-forward upstream's rate or usage limit (a 429, `rate_limited`, `usage_limit`):
+    the caller's account's, held for that caller on that target only (issue #43)."""
+    return status == 429 or reason in ("rate_limited", "usage_limit")
+
+
 def credential_problem(
     provider: ProviderSpec, secret: str | None, *, caller_token: bool
 ) -> str | None:
