@@ -311,7 +311,11 @@ def _bootstrap_admin() -> AbstractBaseUser:
     user, created = user_model.objects.get_or_create(
         username="admin", defaults={"is_staff": True, "is_superuser": True}
     )
-    if not created and not user.is_staff:
+    if created:
+        # Unusable, not empty: nobody can log in as it with a password (issue #43).
+        user.set_unusable_password()
+        user.save(update_fields=["password"])
+    elif not user.is_staff:
         user.is_staff = True
         user.save(update_fields=["is_staff"])
     return user

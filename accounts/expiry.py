@@ -91,3 +91,9 @@ def cli_grace(text: str) -> dt.timedelta:
 def iso(value: dt.datetime) -> str:
     """UTC, to the second, with a Z: how expiry instants are shown in answers and messages."""
     return value.astimezone(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def grace_left(previous_until: dt.datetime | None, *, now: dt.datetime) -> dt.datetime | None:
+    """When the secret before the last rotation stops working, while it still works: a grace
+    that has passed is not reported (issue #43)."""
+    return previous_until if previous_until is not None and previous_until > now else None

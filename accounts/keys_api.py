@@ -100,7 +100,7 @@ def _listed(key: ClientKey) -> dict[str, object]:
         "expiresAt": _iso(key.expires),
         "rotated": _iso(key.rotated),
         # Until then the secret before the last rotation still works.
-        "previousSecretValidUntil": _iso(key.previous_until),
+        "previousSecretValidUntil": _iso(expiry.grace_left(key.previous_until, now=timezone.now())),
     }
 
 

@@ -2,8 +2,8 @@
 
 A provider's key read from the environment is sent to that provider's URL, which staff choose:
 an `apiKeyEnv` naming the server's own configuration (the database URL with its password, the
-secret key) would send it there. Refused always: `DATABASE_URL`, `REDIS_URL`, every `OCX_*` and
-`DJANGO_*` variable; also the names in `OCX_PROVIDER_ENV_DENY`; and, when
+secret key) would send it there. Refused always: `DATABASE_URL`, `REDIS_URL`, every `OCX_*`,
+`DJANGO_*` and `PG*` variable (libpq reads `PGPASSWORD` and its siblings, issue #43); also the names in `OCX_PROVIDER_ENV_DENY`; and, when
 `OCX_PROVIDER_ENV_ALLOW` is set, every name that starts with none of its prefixes. Names are
 compared case-insensitively. The one check for every path (`validate._validate_provider`) and
 for stored providers at dispatch (`combos.selectors.credential_for`) and in `ocx doctor`.
@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 ALWAYS_DENIED = frozenset({"DATABASE_URL", "REDIS_URL"})
-DENIED_PREFIXES = ("OCX_", "DJANGO_")
+DENIED_PREFIXES = ("OCX_", "DJANGO_", "PG")
 
 
 @dataclass(frozen=True)

@@ -173,8 +173,10 @@ def test_rotate_without_grace_keeps_everything_but_the_secret(api: Api) -> None:
     assert rotated["prefix"] == rotated["key"][:10]
     same = ("id", "user", "name", "rpmLimit", "budgets", "allowedModels", "expiresAt", "created")
     assert {k: rotated[k] for k in same} == {k: created[k] for k in same}
-    assert rotated["rotated"] == rotated["previousSecretValidUntil"]
+    # No grace: the previous secret stopped at once, so no validity is reported (issue #43).
+    assert rotated["previousSecretValidUntil"] is None
     listed = api.listed(created["id"])
+    assert listed["previousSecretValidUntil"] is None
     assert "key" not in listed and listed["prefix"] == rotated["prefix"]
     now = timezone.now().timestamp()
     info = check(rotated["key"], now)
@@ -289,3 +291,15 @@ def test_cli_expiry_and_rotation() -> None:
         key("rotate", str(row.pk), "--grace", "31d")
     with pytest.raises(CommandError, match="no active key 99999"):
         key("rotate", "99999")
+
+
+def test_a_grace_that_has_passed_is_not_reported(api: Api) -> None:
+    """Issue #43: `previousSecretValidUntil` is reported only while the old secret works."""
+    created = api.post("/api/keys", {"user": "gus"}).json()
+    rotated = api.post(f"/api/keys/{created['id']}/rotate", {"graceSeconds": 3600}).json()
+    assert rotated["previousSecretValidUntil"] is not None
+    assert api.listed(created["id"])["previousSecretValidUntil"] is not None
+    ClientKey.objects.filter(pk=created["id"]).update(
+        previous_until=timezone.now() - dt.timedelta(seconds=1)
+    )
+    assert api.listed(created["id"])["previousSecretValidUntil"] is None

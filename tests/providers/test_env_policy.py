@@ -52,6 +52,9 @@ def policy() -> Iterator[None]:
         "ocx_secret_key",
         "DJANGO_SETTINGS_MODULE",
         "AWS_SECRET_ACCESS_KEY",
+        "PGPASSWORD",  # libpq's (issue #43)
+        "PGPASSFILE",
+        "pghost",
     ],
 )
 def test_refused_names(policy: None, name: str) -> None:
