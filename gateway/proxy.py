@@ -1078,7 +1078,7 @@ def _record_target(entry: RequestEntry, target: TargetSpec, outcome: Outcome) ->
         {
             "target": target.key,
             "status": outcome.status if outcome.failure is None else outcome.failure.status,
-            "outcome": "served" if outcome.committed else "local_overload" if local else "failed",
+            "outcome": _bare_outcome(outcome, local),
             **({"reason": classify(failed).reason} if failed and local else {}),
             **({"malformedFrames": outcome.malformed} if outcome.malformed else {}),
         }
@@ -1088,6 +1088,13 @@ def _record_target(entry: RequestEntry, target: TargetSpec, outcome: Outcome) ->
         _note_usage(entry, outcome.usage)
     if not outcome.committed and outcome.failure is not None:
         _raise_upstream(outcome.failure, target.key)
+
+
+def _bare_outcome(outcome: Outcome, local: bool) -> str:
+    if outcome.committed:
+        # An upstream `response.failed` (or a break) after output is no success (issue #43).
+        return "served" if outcome.failure is None else "failed_after_commit"
+    return "local_overload" if local else "failed"
 
 
 def _record_route(
