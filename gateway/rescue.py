@@ -23,6 +23,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from gateway import buffer_budget
+from gateway.buffer_budget import BufferBudget
 from providers.upstream import SSE_HEADERS
 from providers.wire.sse import SSEEvent, SSEParser, encode_json_event
 from providers.wire.usage import Usage
@@ -30,6 +32,7 @@ from routing.attempts import AttemptRecord, Outcome, RouteResult
 from routing.classify import Failure, classify
 from routing.rescue import continuation_body, continuation_targets, is_break, prefill_for, seam
 from routing.types import ComboSpec, ProviderSpec, TargetSpec
+from server import metrics
 
 log = logging.getLogger("ocx.proxy")
 
@@ -412,14 +415,31 @@ class BufferOverflow(Exception):
         self.limit = limit
 
 
-class BufferResponder:
-    """Holds one attempt's whole answer (status, headers, bytes) until `flush`."""
+class BufferBudgetExhausted(BufferOverflow):
+    """Holding more would pass the worker's budget for all buffered answers (issue #43)."""
 
     def __init__(self, limit: int) -> None:
+        Exception.__init__(
+            self, f"The answers buffered in this worker reached OCX_BUFFER_BUDGET_BYTES ({limit})"
+        )
+        self.limit = limit
+
+
+class BufferResponder:
+    """Holds one attempt's whole answer (status, headers, bytes) until `flush`; what it holds
+    is taken from the worker's `budget` and given back by `release`."""
+
+    def __init__(self, limit: int, budget: BufferBudget | None = None) -> None:
         self._limit = limit
         self._size = 0
+        self._budget = budget
         self.chunks: list[bytes] = []
         self.head: tuple[int, list[tuple[bytes, bytes]], TargetSpec] | None = None
+
+    def release(self) -> None:
+        if self._budget is not None:
+            self._budget.give(self._size)
+            self._size = 0
 
     async def commit(
         self, status: int, headers: list[tuple[bytes, bytes]], target: TargetSpec
@@ -427,9 +447,12 @@ class BufferResponder:
         self.head = (status, headers, target)
 
     async def write(self, data: bytes) -> None:
-        self._size += len(data)
-        if self._size > self._limit:
+        if self._size + len(data) > self._limit:
             raise BufferOverflow(self._limit)
+        if self._budget is not None and not self._budget.take(len(data)):
+            metrics.BUFFER_BUDGET_EXCEEDED.inc()
+            raise BufferBudgetExhausted(self._budget.limit)
+        self._size += len(data)
         self.chunks.append(data)
 
 
@@ -571,7 +594,15 @@ class Rescue:
         self._current = target
         if self._keepalive is None:
             self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
-        held = BufferResponder(self.combo.buffer_max_bytes)
+        held = BufferResponder(self.combo.buffer_max_bytes, buffer_budget.budget())
+        try:
+            return await self._buffered_attempt(target, last, held)
+        finally:
+            held.release()
+
+    async def _buffered_attempt(
+        self, target: TargetSpec, last: bool, held: BufferResponder
+    ) -> Outcome:
         outcome = await self._dispatch(target, last, responder=held)
         if outcome.committed and outcome.failure is None:
             await self._stop_keepalive()

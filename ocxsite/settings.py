@@ -155,6 +155,8 @@ OCX_CONFIG_POLL_MS = env_int("OCX_CONFIG_POLL_MS", 500, minimum=50)
 # A buffered stream (a combo with afterCommit "buffer") sends an SSE comment this often while it
 # holds the answer back, so clients and proxies keep the connection open.
 OCX_BUFFER_KEEPALIVE_MS = env_int("OCX_BUFFER_KEEPALIVE_MS", 10000, minimum=10)
+# What all the answers buffer mode holds in one worker may take together (gateway/buffer_budget).
+OCX_BUFFER_BUDGET_BYTES = env_int("OCX_BUFFER_BUDGET_BYTES", 256 * 1024 * 1024, minimum=1024)
 OCX_PROXY_MAX_BODY = env_int("OCX_PROXY_MAX_BODY", 32 * 1024 * 1024, minimum=1024)
 OCX_API_MAX_BODY = env_int("OCX_API_MAX_BODY", 1024 * 1024, minimum=1024)
 # Every other path (the admin's forms, …); /healthz, /readyz, /metrics take 1 KiB (body_limits).

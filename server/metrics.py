@@ -58,6 +58,11 @@ LOCAL_OVERLOAD = Counter(
     "pool_full, fd_limit, no_local_port, no_memory",
     ["cause"],
 )
+BUFFER_BUDGET_EXCEEDED = Counter(
+    "ocx_buffer_budget_exceeded_total",
+    "Buffered streams (afterCommit buffer) ended with the safe error because the worker's "
+    "OCX_BUFFER_BUDGET_BYTES was in use",
+)
 OPENINGS_DEFERRED = Counter(
     "ocx_openings_deferred_total",
     "Proxy requests that waited for a later loop pass to start, behind a burst of new "
