@@ -24,6 +24,7 @@ from gateway.events import EventsConsumer  # noqa: E402
 from gateway.proxy import ProxyApp  # noqa: E402
 from server import body_limits  # noqa: E402
 from server.body_limits import BoundedBody  # noqa: E402
+from server.request_path import normalized_text  # noqa: E402
 from usage.requestlog import new_request_id  # noqa: E402
 
 proxy_app = ProxyApp()
@@ -54,7 +55,11 @@ if os.environ.get("OCX_WORKER"):
 
 
 async def http_router(scope, receive, send):  # type: ignore[no-untyped-def]
-    if scope["path"].startswith("/v1/"):
+    path = normalized_text(scope["path"])
+    if path != scope["path"]:
+        # One spelling of a path for routing, as for its body limit (issue #43).
+        scope = {**scope, "path": path}
+    if path.startswith("/v1/"):
         await proxy_app(scope, receive, send)
     else:
         await django_app(scope, receive, send)

@@ -29,6 +29,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMappi
 from dataclasses import dataclass
 from typing import Any
 
+from server.request_path import normalized
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -82,7 +84,7 @@ class Limits:
         body past the unauthenticated limit: below it every sender gets the same answer, so
         the returned limit is then the unauthenticated one, exact only for sizes up to it (a
         chunked body asks again once it passes it)."""
-        path = path.split(b"?", 1)[0]
+        path = normalized(path)  # the path routing sees (issue #43)
         if path.startswith(b"/v1/"):
             low = min(self.proxy, self.unauthenticated)
             if needed is not None and needed <= low:
@@ -189,7 +191,7 @@ def reset() -> None:
 def too_large_body(path: bytes, limit: int) -> bytes:
     """The JSON of a 413: the proxy's OpenAI shape on `/v1/`, `{"error": …}` elsewhere."""
     message = f"Request body exceeds {limit} bytes"
-    if path.startswith(b"/v1/"):
+    if normalized(path).startswith(b"/v1/"):
         error: object = {
             "type": "invalid_request_error",
             "code": "request_too_large",
@@ -206,7 +208,7 @@ def too_large_headers(path: bytes, body: bytes) -> list[tuple[bytes, bytes]]:
         (b"content-length", str(len(body)).encode()),
         (b"connection", b"close"),
     ]
-    if path.startswith(b"/v1/") and request_id is not None:
+    if normalized(path).startswith(b"/v1/") and request_id is not None:
         # Every proxy answer carries a request id (docs/operations.md "Error shapes").
         headers.append((b"x-ocx-request-id", request_id().encode()))
     return headers

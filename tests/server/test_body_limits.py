@@ -175,6 +175,25 @@ def test_bodies_within_the_limit_are_served(bounded_server: Server) -> None:
     assert bounded_server.http.get("/healthz").status_code == 200
 
 
+@pytest.mark.parametrize("path", ["/%761/responses", "//v1//responses", "/api/../v1/responses"])
+def test_every_spelling_of_a_proxy_path_gets_the_proxy_limits(
+    bounded_server: Server, path: str
+) -> None:
+    """Issue #43: one path normalisation before routing and limits."""
+    status, headers, body = declared(bounded_server, path)
+    assert status == 413
+    assert "x-ocx-request-id" in headers  # the proxy's answer shape
+    error = json.loads(body)["error"]
+    assert error["message"] == f"Request body exceeds {64 * 1024} bytes"
+    # Routed to the proxy too: its 401, not Django's 404 (a raw socket: clients normalise).
+    small = b'{"model": "m", "input": "hi"}'
+    with _connect(bounded_server) as sock:
+        sock.sendall(_head(path, f"Content-Length: {len(small)}") + small)
+        status, headers, body = _answer(sock)
+    assert status == 401, body
+    assert "x-ocx-request-id" in headers
+
+
 # --- the limit of a path, in-process ---------------------------------------------------------
 
 
