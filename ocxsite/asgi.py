@@ -16,12 +16,12 @@ django_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path  # noqa: E402
 
 from gateway import runtime as proxy_runtime  # noqa: E402
 from gateway.events import EventsConsumer  # noqa: E402
 from gateway.proxy import ProxyApp  # noqa: E402
+from gateway.ws_origin import SameOriginValidator  # noqa: E402
 from server import body_limits  # noqa: E402
 from server.body_limits import BoundedBody  # noqa: E402
 from server.request_path import normalized_text  # noqa: E402
@@ -69,9 +69,9 @@ application = ProtocolTypeRouter(
     {
         # Bodies above their path's limit are refused before they are read (body_limits).
         "http": BoundedBody(http_router),
-        # A browser sends the session cookie with any page's WebSocket: only pages of an allowed
-        # host may open one (Origin checked against OCX_ALLOWED_HOSTS; no Origin, no socket).
-        "websocket": AllowedHostsOriginValidator(
+        # A browser sends the session cookie with any page's WebSocket: only pages of this site
+        # may open one (Origin's scheme, host and port; no Origin, no socket: gateway.ws_origin).
+        "websocket": SameOriginValidator(
             AuthMiddlewareStack(URLRouter([path("ws/events", EventsConsumer.as_asgi())]))
         ),
     }

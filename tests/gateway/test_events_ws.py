@@ -49,33 +49,63 @@ def user_cookie() -> bytes:
 
 
 def communicator(
-    cookie: bytes | None = None, origin: bytes | None = b"http://testserver"
+    cookie: bytes | None = None,
+    origin: bytes | None = b"http://testserver",
+    host: bytes = b"testserver",
+    secure: bool = False,
 ) -> WebsocketCommunicator:
-    """A connection to /ws/events from a page of `origin` (a browser always sends one)."""
-    headers = [(b"cookie", cookie)] if cookie else []
+    """A connection to /ws/events from a page of `origin` (a browser always sends one), made to
+    `host` over ws (or wss)."""
+    headers = [(b"host", host)] + ([(b"cookie", cookie)] if cookie else [])
     if origin is not None:
         headers.append((b"origin", origin))
-    return WebsocketCommunicator(application, "/ws/events", headers=headers)
+    ws = WebsocketCommunicator(application, "/ws/events", headers=headers)
+    if secure:
+        ws.scope["scheme"] = "wss"
+    return ws
 
 
 @pytest.mark.parametrize(
-    "origin", [b"http://evil.example", b"https://testserver.evil.example", b"null", None]
+    ("origin", "host", "secure"),
+    [
+        (b"http://evil.example", b"testserver", False),
+        (b"https://testserver.evil.example", b"testserver", False),
+        (b"null", b"testserver", False),
+        (None, b"testserver", False),
+        # Issue #43: the scheme and the port count, not only the host.
+        (b"https://testserver", b"testserver", False),
+        (b"http://testserver", b"testserver", True),
+        (b"http://testserver:8080", b"testserver", False),
+        (b"http://localhost:9999", b"localhost:8787", False),
+        # This site's origin, but its host is not one of OCX_ALLOWED_HOSTS.
+        (b"http://evil.example", b"evil.example", False),
+    ],
 )
 async def test_foreign_or_missing_origin_is_refused(
-    staff_cookie: bytes, origin: bytes | None
+    staff_cookie: bytes, origin: bytes | None, host: bytes, secure: bool
 ) -> None:
-    ws = communicator(staff_cookie, origin=origin)
+    ws = communicator(staff_cookie, origin=origin, host=host, secure=secure)
     connected, code = await ws.connect()
     assert connected is False
-    assert code == 1000  # Channels' origin validator closes before the consumer runs
+    assert code == 1000  # the origin check closes before the consumer runs
     await ws.disconnect()
 
 
 @pytest.mark.parametrize(
-    "origin", [b"http://testserver", b"http://localhost:8787", b"https://127.0.0.1"]
+    ("origin", "host", "secure"),
+    [
+        (b"http://testserver", b"testserver", False),
+        (b"http://testserver:80", b"testserver", False),
+        (b"http://localhost:8787", b"localhost:8787", False),
+        (b"https://127.0.0.1", b"127.0.0.1", True),
+        (b"https://127.0.0.1", b"127.0.0.1:443", True),
+        (b"http://[::1]:8787", b"[::1]:8787", False),
+    ],
 )
-async def test_allowed_host_origin_is_accepted(staff_cookie: bytes, origin: bytes) -> None:
-    ws = communicator(staff_cookie, origin=origin)
+async def test_this_sites_origin_is_accepted(
+    staff_cookie: bytes, origin: bytes, host: bytes, secure: bool
+) -> None:
+    ws = communicator(staff_cookie, origin=origin, host=host, secure=secure)
     connected, _ = await ws.connect()
     assert connected is True
     await ws.disconnect()
