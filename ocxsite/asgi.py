@@ -16,6 +16,7 @@ django_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.urls import path  # noqa: E402
 
 from gateway import runtime as proxy_runtime  # noqa: E402
@@ -24,6 +25,7 @@ from gateway.proxy import ProxyApp  # noqa: E402
 from gateway.ws_origin import SameOriginValidator  # noqa: E402
 from server import body_limits  # noqa: E402
 from server.body_limits import BoundedBody  # noqa: E402
+from server.forwarded import forwarded  # noqa: E402
 from server.request_path import normalized_text  # noqa: E402
 from usage.requestlog import new_request_id  # noqa: E402
 
@@ -68,11 +70,15 @@ async def http_router(scope, receive, send):  # type: ignore[no-untyped-def]
 application = ProtocolTypeRouter(
     {
         # Bodies above their path's limit are refused before they are read (body_limits).
-        "http": BoundedBody(http_router),
+        # X-Forwarded-* only from OCX_TRUSTED_PROXIES (server.forwarded; nothing by default).
+        "http": forwarded(BoundedBody(http_router), settings.OCX_TRUSTED_PROXIES),
         # A browser sends the session cookie with any page's WebSocket: only pages of this site
         # may open one (Origin's scheme, host and port; no Origin, no socket: gateway.ws_origin).
-        "websocket": SameOriginValidator(
-            AuthMiddlewareStack(URLRouter([path("ws/events", EventsConsumer.as_asgi())]))
+        "websocket": forwarded(
+            SameOriginValidator(
+                AuthMiddlewareStack(URLRouter([path("ws/events", EventsConsumer.as_asgi())]))
+            ),
+            settings.OCX_TRUSTED_PROXIES,
         ),
     }
 )

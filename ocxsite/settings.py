@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import secrets
@@ -143,6 +144,16 @@ DEBUG = env_bool("OCX_DEBUG", False)
 OCX_PROVIDER_ENV_DENY = env_names("OCX_PROVIDER_ENV_DENY")
 OCX_PROVIDER_ENV_ALLOW = env_names("OCX_PROVIDER_ENV_ALLOW")
 ALLOWED_HOSTS = env_list("OCX_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
+# Peers whose X-Forwarded-For / -Proto are honoured (server/forwarded.py); default none.
+OCX_TRUSTED_PROXIES = [p.strip() for p in os.environ.get("OCX_TRUSTED_PROXIES", "").split(",")]
+OCX_TRUSTED_PROXIES = [p for p in OCX_TRUSTED_PROXIES if p]
+for _proxy in OCX_TRUSTED_PROXIES:
+    try:
+        ipaddress.ip_network(_proxy, strict=False)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"OCX_TRUSTED_PROXIES: {_proxy!r} is not an IP address or network"
+        ) from None
 OCX_REDIS_URL = _redis_url()
 # Set by `ocx serve` for its workers: a per-start token good only for GET /api/status, which
 # `ocx status` reads from the data directory's server.json (server.paths). Not for operators.

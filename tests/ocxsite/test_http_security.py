@@ -2,7 +2,7 @@
 behind TLS: CSRF on session-authenticated /api writes, admin login throttling (django-axes),
 password validators in the admin's forms, Secure cookies, HSTS and a CSP.
 
-The server trusts `X-Forwarded-For`/`-Proto` from its peer (Daphne's `--proxy-headers`, as
+The server trusts `X-Forwarded-For`/`-Proto` from its peer (`OCX_TRUSTED_PROXIES=127.0.0.1`, as
 behind a reverse proxy), so a test speaks for a client address or for HTTPS with those headers.
 Its cookies are Secure, which httpx keeps from plain-http requests: the tests send them
 explicitly, as the browser behind the TLS proxy would.
@@ -23,7 +23,6 @@ from tests.conftest import ROOT, Server, start_server
 
 CSP = "default-src 'self'; frame-ancestors 'none'"
 PASSWORD = "Correct-Horse-7b1e"
-# Daphne takes the scheme from X-Forwarded-Proto only along with X-Forwarded-For.
 HTTPS = {"X-Forwarded-For": "10.9.3.1", "X-Forwarded-Proto": "https"}
 
 
@@ -36,6 +35,7 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             "OCX_HSTS_SECONDS": "31536000",
             "OCX_CSP": CSP,
             "OCX_LOGIN_FAILURE_LIMIT": "5",
+            "OCX_TRUSTED_PROXIES": "127.0.0.1",
         },
     )
     try:

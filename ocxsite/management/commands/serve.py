@@ -63,7 +63,8 @@ def worker_command(server: str, fd: int) -> list[str]:
         "server.daphne_main",
         "--fd",
         str(fd),
-        "--proxy-headers",
+        # No --proxy-headers: X-Forwarded-* are honoured only from OCX_TRUSTED_PROXIES
+        # (server.forwarded), the same for both servers.
         "-v",
         "0",
         "ocxsite.asgi:application",
@@ -75,14 +76,15 @@ def uvicorn_worker(fd: int) -> None:
 
     The same settings as `uvicorn --lifespan off --no-access-log --log-level warning
     [--loop uvloop] [--http httptools]` (the fast loop and parser when installed, as
-    uvicorn[standard] does); proxy headers are trusted from loopback, like Daphne's
-    `--proxy-headers`.
+    uvicorn[standard] does); uvicorn's own proxy headers are off: X-Forwarded-* are honoured
+    only from OCX_TRUSTED_PROXIES (server.forwarded), as with Daphne.
     """
     import uvicorn
 
     config = uvicorn.Config(
         "ocxsite.asgi:application",
         lifespan="off",
+        proxy_headers=False,
         access_log=False,
         log_level="warning",
         loop="uvloop" if _importable("uvloop") else "asyncio",
