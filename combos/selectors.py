@@ -289,11 +289,47 @@ def needs_attention(snapshot: ConfigSnapshot | None = None) -> list[str]:
                 notes.append(f"combo/{combo.id}: {ts.detail}")
             elif missing is not None:
                 notes.append(f"combo/{combo.id}: {target.key} has no credential ({missing})")
-    notes.extend(pricing.unpriced_note(key) for key in unpriced_targets(snapshot))
-    return sorted(set(notes))
+    notes.extend(_unpriced_notes(snapshot, unpriced_targets(snapshot)))
+    return capped(sorted(set(notes)))
 
 
 UNPRICED_LOOKBACK = dt.timedelta(days=7)
+# Bounds of what clients can grow (issue #43): a bare `provider/<any name>` is served, so the
+# week's unpriced targets can be as many as the names clients made up.
+MAX_NOTES = 100
+MAX_SERVED_TARGETS = 1000
+EXAMPLES = 3
+EXAMPLE_CHARS = 40
+
+
+def _unpriced_notes(snapshot: ConfigSnapshot, keys: list[str]) -> list[str]:
+    """One note per configured target or declared model without a price; the models served
+    without being declared (names chosen by clients) aggregated into one note per provider."""
+    configured = {t.key for c in snapshot.combos.values() for t in c.targets}
+    configured.update(f"{p.name}/{m}" for p in snapshot.providers.values() for m in p.models)
+    notes = [pricing.unpriced_note(key) for key in keys if key in configured]
+    undeclared: dict[str, list[str]] = {}
+    for key in keys:
+        if key not in configured:
+            name, _, model = key.partition("/")
+            undeclared.setdefault(name, []).append(model)
+    for name, models in sorted(undeclared.items()):
+        shown = [m if len(m) <= EXAMPLE_CHARS else m[: EXAMPLE_CHARS - 1] + "…" for m in models]
+        examples = ", ".join(shown[:EXAMPLES]) + (", …" if len(models) > EXAMPLES else "")
+        notes.append(
+            f"provider {name}: {len(models)} undeclared model name(s) served without a price in "
+            f"the last week ({examples}): their requests get no cost; declare the models with "
+            "a price, or set the provider's pricingProvider"
+        )
+    return notes
+
+
+def capped(notes: list[str]) -> list[str]:
+    """At most `MAX_NOTES` notes, the last one saying how many more there were."""
+    if len(notes) <= MAX_NOTES:
+        return notes
+    more = len(notes) - (MAX_NOTES - 1)
+    return [*notes[: MAX_NOTES - 1], f"… and {more} more notes"]
 
 
 def unpriced_targets(snapshot: ConfigSnapshot) -> list[str]:
@@ -305,6 +341,7 @@ def unpriced_targets(snapshot: ConfigSnapshot) -> list[str]:
     served = (
         rollups.objects.filter(bucket__gte=now - UNPRICED_LOOKBACK, unpriced_requests__gt=0)
         .values_list("target", flat=True)
-        .distinct()
+        .order_by("target")
+        .distinct()[:MAX_SERVED_TARGETS]
     )
     return pricing.unpriced_targets(snapshot, now.date(), served)

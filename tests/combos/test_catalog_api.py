@@ -116,3 +116,32 @@ def test_admin_changelist_shows_needs_attention() -> None:
     page = client.get("/admin/combos/combo/").content.decode()
     assert "Needs attention" in page
     assert "combo/vague is omitted from the Codex catalog" in page
+
+
+@override_settings(OCX_ADMIN_TOKEN=TOKEN)
+def test_client_chosen_model_names_are_aggregated_and_the_list_is_capped() -> None:
+    """Issue #43: a bare `provider/<any name>` is served, so clients choose what the unpriced
+    list would hold: one note per provider for the undeclared names, and at most 100 notes."""
+    from django.utils import timezone
+
+    from combos import selectors
+    from usage.models import UsageRollup
+
+    _setup()
+    now = timezone.now()
+    UsageRollup.objects.bulk_create(
+        UsageRollup(bucket=now, target=f"b/made-up-{i:04d}-" + "x" * 60, unpriced_requests=1)
+        for i in range(300)
+    )
+    body = Client().get("/api/catalog/attention", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").json()
+    mine = [n for n in body["notes"] if n.startswith("provider b: ")]
+    assert len(mine) == 1, body["notes"]
+    assert mine[0].startswith("provider b: 300 undeclared model name(s) served without a price")
+    assert "made-up-0000-" in mine[0] and "made-up-0299" not in mine[0]
+    assert len(mine[0]) < 400
+    assert not any("made-up" in n for n in body["notes"] if n not in mine)
+
+    many = [f"note {i:03d}" for i in range(250)]
+    out = selectors.capped(many)
+    assert len(out) == selectors.MAX_NOTES
+    assert out[-1] == "… and 151 more notes"
