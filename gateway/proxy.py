@@ -1052,9 +1052,19 @@ def _credential_pair(
 
 def _known_secrets(snapshot: ConfigSnapshot, forwarded: Mapping[str, str]) -> list[str | None]:
     """Every credential value this request could meet: the config's keys, the caller's token."""
-    return [credential_for(p) for p in snapshot.providers.values()] + [
-        bearer_value(forwarded.get("authorization"))
-    ]
+    return [*_config_secrets(snapshot), bearer_value(forwarded.get("authorization"))]
+
+
+# The config's credential values, read once per snapshot: every request masks (issue #43).
+_secrets_of: list[tuple[ConfigSnapshot, tuple[str | None, ...]]] = []
+
+
+def _config_secrets(snapshot: ConfigSnapshot) -> tuple[str | None, ...]:
+    if _secrets_of and _secrets_of[0][0] is snapshot:
+        return _secrets_of[0][1]
+    found = tuple(credential_for(p) for p in snapshot.providers.values())
+    _secrets_of[:] = [(snapshot, found)]
+    return found
 
 
 @functools.lru_cache(maxsize=4096)

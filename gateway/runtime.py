@@ -68,11 +68,14 @@ def _proxy_keys() -> config_delta.KeyMap:
     return config_delta.KeyMap(access.client_keys_active(inactive_users=True))
 
 
-def _load() -> tuple[int, ConfigSnapshot, dict[str, KeyInfo]]:
+def _load(known_keys: int = -1) -> tuple[int, ConfigSnapshot, dict[str, KeyInfo] | None]:
+    """The key version, the snapshot and the key map (None: still the `known_keys` version,
+    e.g. the map `preload_keys` read at the worker's start)."""
     # The key version is read before the keys: a key write racing this load leaves the stored
     # version past the one recorded here, so the next poll reloads (the counter never repeats).
     _, keys_version = selectors.config_versions()
-    return keys_version, selectors.config_snapshot(), _proxy_keys()
+    keys = None if keys_version == known_keys else _proxy_keys()
+    return keys_version, selectors.config_snapshot(), keys
 
 
 def _poll(known_keys: int) -> tuple[int, int, dict[str, KeyInfo] | None]:
@@ -194,8 +197,12 @@ class Runtime:
                         settings.OCX_REDIS_URL, settings.OCX_STATE_KEY_PREFIX, self._on_notice
                     )
                     await self.listener.start()
-                keys_version, snap, keys = await in_thread(_load)
-                self.apply(snap, keys, keys_version)
+                keys_version, snap, keys = await in_thread(_load, self.keys_version)
+                if keys is None:  # the preloaded map is current: not read twice
+                    self.apply(snap, self.keys, keys_version)
+                    self._budgets_changed()
+                else:
+                    self.apply(snap, keys, keys_version)
                 self._started = asyncio.get_running_loop().create_task(self._poll_forever())
         assert self.snapshot is not None
         return self.snapshot
@@ -308,7 +315,7 @@ class Runtime:
         async with self._refresh_lock:
             if self.snapshot is None:
                 loaded_version, snap, loaded = await in_thread(_load)
-                self.apply(snap, loaded, loaded_version)
+                self.apply(snap, self.keys if loaded is None else loaded, loaded_version)
                 log.info("config version %s loaded", snap.version)
                 return
             version, keys_version = await in_thread(selectors.config_versions)

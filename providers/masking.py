@@ -37,9 +37,9 @@ class Masker:
 
     def values(self) -> tuple[str, ...]:
         if self._values is None:
-            found = {v for v in self._source() if v and len(v) >= MIN_SECRET}
-            # Longest first: a value that contains another is masked whole.
-            self._values = tuple(sorted(found, key=len, reverse=True))
+            # Every frame is checked now (issue #43), so every request gathers its values:
+            # the same values (one config, one caller) are sorted once.
+            self._values = _sorted_values(tuple(self._source()))
         return self._values
 
     def plan(self) -> _Plan:
@@ -117,17 +117,24 @@ class _Plan:
     """The precomputed tests of one set of values (shared by the requests that know the same
     values: `_plan` is cached)."""
 
-    __slots__ = ("_escaped_bytes", "_escaped_text", "raw", "triggers", "values")
+    __slots__ = ("_escaped_text", "_raw_pattern", "raw", "triggers", "values")
+
+    # Past this many values one compiled alternation is cheaper than a search per value.
+    PATTERN_FROM = 5
 
     def __init__(self, values: tuple[str, ...]) -> None:
         self.values = values
         self.raw = tuple(v.encode("utf-8", "surrogateescape") for v in values)
+        self._raw_pattern = (
+            re.compile(b"|".join(re.escape(v) for v in self.raw))
+            if len(self.raw) >= self.PATTERN_FROM
+            else None
+        )
         # A value can only hide behind an escape the frame holds: `\u` always, a short escape
         # only for a character some value has.
         short = {_SHORT[c].encode() for v in values for c in v if c in _SHORT}
         self.triggers = (b"\\u", *sorted(short)) if values else ()
         self._escaped_text: re.Pattern[str] | None = None
-        self._escaped_bytes: re.Pattern[bytes] | None = None
 
     def escaped_text(self) -> re.Pattern[str]:
         if self._escaped_text is None:
@@ -135,16 +142,22 @@ class _Plan:
             self._escaped_text = re.compile("|".join(alternatives))
         return self._escaped_text
 
-    def holds(self, data: bytes) -> bool:
+    def _raw_in(self, data: bytes) -> bool:
+        if self._raw_pattern is not None:
+            return self._raw_pattern.search(data) is not None
         for value in self.raw:
             if value in data:
                 return True
+        return False
+
+    def holds(self, data: bytes) -> bool:
+        if self._raw_in(data):
+            return True
         for trigger in self.triggers:
             if trigger in data:
-                if self._escaped_bytes is None:
-                    pattern = self.escaped_text().pattern
-                    self._escaped_bytes = re.compile(pattern.encode("utf-8", "surrogateescape"))
-                return self._escaped_bytes.search(data) is not None
+                # Rare (text with escapes): decode the escapes, then the same raw test.
+                text = _decode_escapes(data.decode("utf-8", "surrogateescape"))
+                return self._raw_in(text.encode("utf-8", "surrogateescape"))
         return False
 
 
@@ -174,6 +187,13 @@ def _decode_escapes(text: str) -> str:
     decoded = _ESCAPE.sub(one, text)
     # Surrogate pairs spelled as two escapes come back as one character.
     return decoded.encode("utf-16", "surrogatepass").decode("utf-16")
+
+
+@functools.lru_cache(maxsize=256)
+def _sorted_values(source: tuple[str | None, ...]) -> tuple[str, ...]:
+    found = {v for v in source if v and len(v) >= MIN_SECRET}
+    # Longest first: a value that contains another is masked whole.
+    return tuple(sorted(found, key=len, reverse=True))
 
 
 @functools.lru_cache(maxsize=256)
