@@ -6,9 +6,10 @@ the exact credential values of one request (every stored key and `apiKeyEnv` val
 config, the caller's forwarded token) and replaces each by `…last4`, whatever its spelling: raw,
 or with the JSON escapes an upstream's encoder can produce (`\/`, `\uXXXX` for any character,
 either case of hex digits; issue #43). Error texts always go through it; every other frame is
-checked with `holds` (a cheap byte test: each value's raw bytes, and only when the frame holds a
-backslash escape at all, one compiled pattern of the escaped spellings) and rewritten only when
-it holds a secret, so a pass-through frame without one is forwarded as received.
+checked with `holds` (a cheap byte test: each value's raw bytes, one compiled alternation past
+five values; only when the frame holds an escape a value could hide behind, its escapes decoded
+and the same test again) and rewritten only when it holds a secret, so a pass-through frame
+without one is forwarded as received.
 """
 
 from __future__ import annotations
