@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -246,6 +247,11 @@ def test_a_cold_worker_refuses_a_made_up_key_from_the_headers(
         assert status == 413
         assert headers["connection"] == "close"
         assert json.loads(body)["error"]["message"] == f"Request body exceeds {64 * 1024} bytes"
+        # The worker loads its config as it starts, with no /v1 request (its first load).
+        deadline = time.monotonic() + 10
+        while server.http.get("/healthz").json().get("configVersion") is None:
+            assert time.monotonic() < deadline, "the worker did not load its config at start"
+            time.sleep(0.05)
         # A real key created after the start is known too (the worker follows the writes).
         key = server.create_key()
         body_100k = json.dumps({"model": "no-such-model", "input": "x" * (100 * 1024)})
