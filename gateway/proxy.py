@@ -70,6 +70,7 @@ from server import body_limits, body_now, lifecycle, metrics
 from server.body_now import BodyNow
 from server.http_errors import HOST_NOT_ALLOWED, HostGate
 from server.turns import Turns
+from usage import estimate
 from usage.budget_gate import Refusal
 from usage.requestlog import RequestEntry, new_request_id
 
@@ -183,6 +184,17 @@ class Exchange:
         self.codex_headers: list[tuple[bytes, bytes]] = []
         # The request's span while OpenTelemetry tracing is on (gateway.tracing).
         self.trace: Any = None
+        # Every request is charged (issue 42, `usage.estimate`): the body, what the client was
+        # sent, and the target and usage known when an answer was committed.
+        self.request: Mapping[str, Any] | None = None
+        self.relayed = estimate.Relayed()
+        self.committed_target = ""
+        self.noted: Any = None
+
+    def note_usage(self, target: TargetSpec, usage: Any) -> None:
+        self.committed_target = target.key
+        if usage is not None:
+            self.noted = usage
 
     def base_headers(self) -> list[tuple[bytes, bytes]]:
         headers = [(b"x-ocx-request-id", self.request_id.encode())]
@@ -195,6 +207,7 @@ class Exchange:
     ) -> None:
         self.started = True
         self.status = status
+        self.committed_target = target.key
         # A body of known length (non-streaming) is held until `finish`, which runs after the
         # attempt loop recorded the outcome: a client that sends its next request as soon as it
         # has the whole answer must see this one's success (shared round-robin across workers).
@@ -211,6 +224,7 @@ class Exchange:
 
     async def write(self, data: bytes) -> None:
         if data:
+            self.relayed.count(data)
             if self._held is not None:
                 self._held.append(data)
                 return
@@ -221,7 +235,13 @@ class Exchange:
         None when the server offers none or the body is held for `finish`."""
         if self._body_now is None or self._held is not None or not self.started or self.done:
             return None
-        return self._body_now
+        body_now, count = self._body_now, self.relayed.count
+
+        def counted(data: bytes) -> None:
+            count(data)
+            body_now(data)
+
+        return counted
 
     async def finish(self) -> None:
         if self.started and not self.done:
@@ -356,6 +376,8 @@ class ProxyApp:
                         )
                     )
             finally:
+                if exchange.committed_target:
+                    self._settle(exchange, outcome)
                 if exchange.key is not None:
                     await self._charge(exchange)
                 if exchange.started:
@@ -435,6 +457,7 @@ class ProxyApp:
             await self._limit(key)
         body = await _read_body(receive, settings.OCX_PROXY_MAX_BODY)
         request = _parse_json(body)
+        exchange.request = request
         model = request.get("model")
         entry.requested_model = model if isinstance(model, str) else "?"
         entry.stream = exchange.streaming = request.get("stream") is True
@@ -493,6 +516,30 @@ class ProxyApp:
                 f"This key is limited to {key.rpm_limit} requests per minute",
                 refusals.retry_after(wait),
             )
+
+    def _settle(self, exchange: Exchange, outcome: str) -> None:
+        """The usage of a request that reached a client: the upstream's figures, checked, or
+        the estimate (`usage.estimate`) when they are bad or the answer was cut short."""
+        entry = exchange.entry
+        if not entry.target:
+            entry.target = exchange.committed_target  # the client left mid-answer
+            if entry.input_tokens is None and entry.output_tokens is None:
+                _note_usage(entry, exchange.noted)
+        # Cut short: the client left, or the upstream broke after output (a combo's attempt
+        # `failed_after_commit`; a bare target's `served` with the failure's status).
+        cut_short = outcome == "client_cancelled" or any(
+            a.get("outcome") == "failed_after_commit"
+            or (a.get("outcome") == "served" and (a.get("status") or 0) >= 300)
+            for a in entry.attempts
+        )
+        estimate.settle(
+            entry,
+            request=exchange.request,
+            relayed=exchange.relayed,
+            cut_short=cut_short,
+            cap=estimate.context_window(self.runtime.snapshot, entry.target),
+            bad=entry.usage_bad,
+        )
 
     async def _charge(self, exchange: Exchange) -> None:
         """Count a finished request against the budgets (before its last byte is sent, so the
@@ -1078,6 +1125,7 @@ def _note_usage(entry: RequestEntry, usage: Any) -> None:
         entry.output_tokens = usage.output
         entry.cached_tokens = usage.cached
         entry.reasoning_tokens = usage.reasoning
+        entry.usage_bad = usage.bad
 
 
 def _record_target(entry: RequestEntry, target: TargetSpec, outcome: Outcome) -> None:

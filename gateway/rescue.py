@@ -57,6 +57,7 @@ def add_usage(first: Usage | None, second: Usage | None) -> Usage | None:
         plus(first.output, second.output),
         plus(first.cached, second.cached),
         plus(first.reasoning, second.reasoning),
+        first.bad or second.bad,
     )
 
 

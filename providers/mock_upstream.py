@@ -461,18 +461,31 @@ def build_reply(protocol: str, body: JSON, behaviour: JSON, request_bytes: int) 
         pieces = tuple(split_text(text, n))
         text = "".join(pieces)
     usage_in = behaviour.get("usage") or {}
-    input_tokens = int(usage_in.get("input_tokens", max(1, request_bytes // 4)))
-    output_tokens = int(usage_in.get("output_tokens", len(pieces)))
+    input_tokens = _figure(usage_in.get("input_tokens", max(1, request_bytes // 4)))
+    output_tokens = _figure(usage_in.get("output_tokens", len(pieces)))
     usage = {
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,
-        "cached_tokens": int(usage_in.get("cached_tokens", 0)),
-        "cache_creation_tokens": int(usage_in.get("cache_creation_tokens", 0)),
-        "reasoning_tokens": int(usage_in.get("reasoning_tokens", 0)),
+        "cached_tokens": _figure(usage_in.get("cached_tokens", 0)),
+        "cache_creation_tokens": _figure(usage_in.get("cache_creation_tokens", 0)),
+        "reasoning_tokens": _figure(usage_in.get("reasoning_tokens", 0)),
         # `omit`: the answer reports no usage at all (an upstream that never does).
         "omit": bool(usage_in.get("omit", False)),
     }
     return Reply(text, tool_name, tool_args, pieces, usage)
+
+
+def _figure(value: object) -> Any:
+    """A scripted usage figure as the upstream sends it: a number as an integer; anything else
+    (`"lots"`, `-1e9`, `null`) as given, so tests can send usage no upstream should."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return value
+    return int(value) if float(value).is_integer() else value
+
+
+def _total(u: JSON) -> Any:
+    a, b = u["input_tokens"], u["output_tokens"]
+    return a + b if isinstance(a, int) and isinstance(b, int) else None
 
 
 def _sse(event: str | None, payload: object) -> bytes:
@@ -640,7 +653,7 @@ def _responses_usage(reply: Reply) -> JSON:
         "input_tokens_details": {"cached_tokens": u["cached_tokens"]},
         "output_tokens": u["output_tokens"],
         "output_tokens_details": {"reasoning_tokens": u["reasoning_tokens"]},
-        "total_tokens": u["input_tokens"] + u["output_tokens"],
+        "total_tokens": _total(u),
     }
 
 
@@ -665,7 +678,7 @@ def _chat_usage(reply: Reply) -> JSON:
     return {
         "prompt_tokens": u["input_tokens"],
         "completion_tokens": u["output_tokens"],
-        "total_tokens": u["input_tokens"] + u["output_tokens"],
+        "total_tokens": _total(u),
         "prompt_tokens_details": {"cached_tokens": u["cached_tokens"]},
         "completion_tokens_details": {"reasoning_tokens": u["reasoning_tokens"]},
     }
@@ -779,8 +792,12 @@ def _chat_body(model: str, cid: str, reply: Reply) -> JSON:
 
 def _anthropic_usage(reply: Reply) -> JSON:
     u = reply.usage
+    figures = (u["input_tokens"], u["cached_tokens"], u["cache_creation_tokens"])
+    fresh = u["input_tokens"]
+    if all(isinstance(f, int) for f in figures) and fresh >= 0:
+        fresh = max(0, fresh - u["cached_tokens"] - u["cache_creation_tokens"])
     return {
-        "input_tokens": max(0, u["input_tokens"] - u["cached_tokens"] - u["cache_creation_tokens"]),
+        "input_tokens": fresh,
         "cache_creation_input_tokens": u["cache_creation_tokens"],
         "cache_read_input_tokens": u["cached_tokens"],
         "output_tokens": u["output_tokens"],

@@ -535,10 +535,20 @@ async def _non_stream(
         (b"content-type", b"application/json"),
         (b"content-length", str(len(raw)).encode()),
     ]
+    usage = extract_usage(data) if isinstance(data, Mapping) else None
+    # The upstream answered: a client that leaves from here on is charged this usage.
+    _note_usage(responder, target, usage)
     await responder.commit(resp.status_code, headers, target)
     await responder.write(raw)
-    usage = extract_usage(data) if isinstance(data, Mapping) else None
     return Outcome(True, status=resp.status_code, usage=usage)
+
+
+def _note_usage(responder: Responder, target: TargetSpec, usage: Usage | None) -> None:
+    """Hand the usage known so far to a responder that keeps it (`note_usage`): a client that
+    leaves before the attempt returns is still charged what the upstream reported."""
+    note = getattr(responder, "note_usage", None)
+    if note is not None:
+        note(target, usage)
 
 
 _COMMITTING = (EventClass.OUTPUT, EventClass.COMPLETED, EventClass.INCOMPLETE, EventClass.FINISH)
@@ -964,6 +974,13 @@ async def _stream(
             )
         if not scanner.terminal_seen:
             broken = truncation_failure("connection was cut")
+    except asyncio.CancelledError:
+        if committed and usage is not None:
+            # The client left: the upstream's figures so far (final once its end was seen;
+            # before it, only the input is, as Anthropic reports it first).
+            known = usage if scanner.terminal_seen else Usage(usage.input, None, usage.cached)
+            _note_usage(responder, target, known)
+        raise
     if broken is None:
         seen_bad = scanner.malformed
         decision = scanner.finish()

@@ -470,7 +470,7 @@ class BudgetGate:
                 if isinstance(b, WindowBudget):
                     continue
                 amount = tokens if isinstance(b, TokenBudget) else usd_micros
-                if amount:
+                if amount and amount > 0:  # a counter never goes down
                     name, end = self._counter(sb, b, now_ms)
                     charged.append((sb, b, end, amount))
                     items.append((name, amount, end + COUNTER_GRACE_MS))

@@ -30,6 +30,8 @@ COUNTERS = (
     "unpriced_requests",
     "cost_usd",
     "api_value_usd",
+    # Issue 42: requests whose usage is ocx's estimate (an abandoned stream, a bad figure).
+    "estimated_requests",
 )
 
 
@@ -82,6 +84,7 @@ class UsageRollup(models.Model):
     # targets such as chatgpt, which cost 0). A request of unknown cost adds nothing.
     cost_usd = models.FloatField(default=0.0)
     api_value_usd = models.FloatField(default=0.0)
+    estimated_requests = _counter()
 
     class Meta:
         ordering = ("-bucket",)
@@ -128,6 +131,11 @@ class RequestLog(models.Model):
     # is what the request would have cost at API prices (= cost elsewhere).
     cost_usd = models.FloatField(null=True, blank=True)
     api_value_usd = models.FloatField(null=True, blank=True)
+    # The tokens are ocx's estimate, not the upstream's report (`usage.estimate`): a stream the
+    # client abandoned before its final usage, or figures that failed the checks.
+    usage_estimated = models.BooleanField(default=False)
+    # A `budget_exceeded` refusal: the budget that refused it ("team infra: $5.00 per day").
+    budget = models.CharField(max_length=200, blank=True, default="")
     # Route trace: attempts [{target, status, reason, cooled_until, ms}], skipped [[key, why]].
     attempts = models.JSONField(default=list, blank=True)
     skipped = models.JSONField(default=list, blank=True)

@@ -45,6 +45,10 @@ def _entry(row: RequestLog) -> dict[str, object]:
             "outputTokens": row.output_tokens,
             "cachedTokens": row.cached_tokens,
         },
+        # The tokens are ocx's estimate (an abandoned stream, a bad usage figure: issue 42).
+        "usageEstimated": row.usage_estimated,
+        # The budget that refused a `budget_exceeded` request, else null.
+        "budget": row.budget or None,
         # USD (docs/usage.md): null = unknown (no price, or no usage reported).
         "costUsd": row.cost_usd,
         "apiValueUsd": row.api_value_usd,

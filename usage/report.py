@@ -208,6 +208,7 @@ class Row:
     api_value_usd: float
     unpriced_requests: int
     drill_url: str | None = None
+    estimated_requests: int = 0
 
     @property
     def cost(self) -> str:
@@ -225,6 +226,7 @@ class Row:
             "output": count(self.output_tokens),
             "requests": count(self.requests),
             "unpriced": count(self.unpriced_requests),
+            "estimated": count(self.estimated_requests),
         }
 
 
@@ -261,6 +263,10 @@ class Report:
         return self.totals.unpriced_requests > 0
 
     @property
+    def shows_estimated(self) -> bool:
+        return self.totals.estimated_requests > 0
+
+    @property
     def saved(self) -> str:
         return usd(max(0.0, self.totals.api_value_usd - self.totals.cost_usd))
 
@@ -277,6 +283,7 @@ def _row(label: str, empty: bool, data: Mapping[str, Any], drill: str | None = N
         api_value_usd=float(data["apiValueUsd"]),
         unpriced_requests=int(data["unpricedRequests"]),
         drill_url=drill,
+        estimated_requests=int(data.get("estimatedRequests", 0)),
     )
 
 

@@ -54,6 +54,12 @@ class RequestEntry:
     api_value_usd: float | None = None
     unpriced: bool = False
     key_id: int | None = None
+    # The tokens are ocx's estimate (`usage.estimate.settle`), and the budget that refused a
+    # `budget_exceeded` request (its owner and limit).
+    usage_estimated: bool = False
+    budget: str = ""
+    # The upstream sent a usage figure that was no integer (not stored: `usage_estimated` is).
+    usage_bad: bool = False
     # Time from the request's arrival to the response start (commit), when it got that far.
     ttft_ms: int | None = None
     attempts: list[dict[str, Any]] = field(default_factory=list)
@@ -103,12 +109,25 @@ def _clean(value: Any) -> Any:
     return value
 
 
+_TOKEN_FIELDS = ("input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens")
+_TOKEN_MAX = 2**31 - 1  # the columns' range
+
+
 def clean_entry(entry: RequestEntry) -> RequestEntry:
     """Clean every string of an entry (model, target and the route trace can come from the
-    client) before it reaches a writer: one bad row must not fail a batch (issue #26)."""
+    client) before it reaches a writer: one bad row must not fail a batch (issue #26), nor a
+    token figure out of the columns' range (issue 42: the proxy already replaced it by its
+    estimate; this is the last line, which keeps the row and drops the figures)."""
     for name, value in vars(entry).items():
         if isinstance(value, (str, list)):
             setattr(entry, name, _clean(value))
+    for name in _TOKEN_FIELDS:
+        value = getattr(entry, name)
+        if value is not None and not (isinstance(value, int) and 0 <= value <= _TOKEN_MAX):
+            for other in _TOKEN_FIELDS:
+                setattr(entry, other, None)
+            entry.usage_estimated = True
+            break
     return entry
 
 
@@ -163,12 +182,12 @@ def write_entries(
 ) -> None:
     """Write one batch: price it (`snapshot` gives the serving process's config; without one
     the stored config is read), then the log rows and the usage counts."""
+    for entry in entries:
+        clean_entry(entry)
     if settings.OCX_REQUEST_LOG or settings.OCX_USAGE:
         price_entries(entries, None if snapshot is None else snapshot())
     # The log rows and the usage counts of a batch commit together: a batch kept and retried
     # while the database is unreachable is then neither half written nor counted twice.
-    for entry in entries:
-        clean_entry(entry)
     with transaction.atomic():
         if settings.OCX_REQUEST_LOG:
             _write_log(entries)

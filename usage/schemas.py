@@ -19,6 +19,8 @@ class UsageTotals(Schema):
     costUsd: float
     apiValueUsd: float
     unpricedRequests: int
+    # Requests whose tokens are ocx's estimate (an abandoned stream, a bad usage figure).
+    estimatedRequests: int
 
 
 class UsageReportOut(Schema):

@@ -39,6 +39,7 @@ REPORTED = {
     "costUsd": "cost_usd",
     "apiValueUsd": "api_value_usd",
     "unpricedRequests": "unpriced_requests",
+    "estimatedRequests": "estimated_requests",
 }
 # USD sums: floats, reported to the micro-dollar (a sum of float costs carries noise below it).
 MONEY = frozenset({"costUsd", "apiValueUsd"})

@@ -32,6 +32,7 @@ _TTFT0 = _COUNTER_INDEX["ttft_b0"]
 _UNPRICED = _COUNTER_INDEX["unpriced_requests"]
 _COST = _COUNTER_INDEX["cost_usd"]
 _API_VALUE = _COUNTER_INDEX["api_value_usd"]
+_ESTIMATED = _COUNTER_INDEX["estimated_requests"]
 _UNIQUE = ("resolution", "bucket", "user", "key_id", "combo", "target", "model", "status_class")
 _CHUNK = 100
 COMPACT_AFTER = dt.timedelta(days=1)
@@ -61,6 +62,7 @@ class UsageRecord(Protocol):
     api_value_usd: float | None
     unpriced: bool
     attempts: list[dict[str, Any]]
+    usage_estimated: bool
 
 
 def status_class(status: int) -> str:
@@ -111,6 +113,8 @@ def aggregate(records: Iterable[UsageRecord]) -> dict[RowKey, list[float]]:
             c[_COST] += r.cost_usd
         if r.api_value_usd is not None:
             c[_API_VALUE] += r.api_value_usd
+        if r.usage_estimated:
+            c[_ESTIMATED] += 1
     return rows
 
 

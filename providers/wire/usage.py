@@ -13,6 +13,9 @@ class Usage:
     output: int | None = None
     cached: int | None = None
     reasoning: int | None = None
+    # A figure was there but not a whole number (a string, a float, a boolean): the usage
+    # cannot be trusted (`usage.estimate` replaces it with ocx's estimate).
+    bad: bool = False
 
     def merge(self, other: Usage) -> Usage:
         """Later values win field by field (Anthropic reports input first, output last)."""
@@ -21,11 +24,27 @@ class Usage:
             output=other.output if other.output is not None else self.output,
             cached=other.cached if other.cached is not None else self.cached,
             reasoning=other.reasoning if other.reasoning is not None else self.reasoning,
+            bad=self.bad or other.bad,
         )
 
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+_FIGURES = (
+    "input_tokens",
+    "output_tokens",
+    "prompt_tokens",
+    "completion_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+)
+
+
+def _bad(u: Mapping[str, Any]) -> bool:
+    """A top-level figure present but not an integer (null counts as absent)."""
+    return any(u.get(name) is not None and _int(u.get(name)) is None for name in _FIGURES)
 
 
 def _detail(u: Mapping[str, Any], holder: str, name: str) -> int | None:
@@ -45,12 +64,13 @@ def _from_usage(u: Mapping[str, Any]) -> Usage:
             inp = (inp or 0) + (read or 0) + (created or 0)
             cached = read
         reasoning = _detail(u, "output_tokens_details", "reasoning_tokens")
-        return Usage(inp, _int(u.get("output_tokens")), cached, reasoning)
+        return Usage(inp, _int(u.get("output_tokens")), cached, reasoning, _bad(u))
     return Usage(
         _int(u.get("prompt_tokens")),
         _int(u.get("completion_tokens")),
         _detail(u, "prompt_tokens_details", "cached_tokens"),
         _detail(u, "completion_tokens_details", "reasoning_tokens"),
+        _bad(u),
     )
 
 

@@ -65,6 +65,7 @@ def _table(report: dict[str, Any]) -> str:
         "COST",
         "API_VALUE",
         "UNPRICED",
+        "ESTIMATED",
     ]
     lines = [
         [_cell(row.get(d)) for d in dims] + [_number(c, row[c]) for c in counters]
