@@ -114,9 +114,7 @@ def test_an_abandoned_stream_is_charged_its_estimate(
 
     # Charged to the budget like real usage: the next request is refused.
     mock.script(model, [], then={})
-    r = httpx.post(
-        server.url + path, json={**body, "stream": False}, headers=headers, timeout=30
-    )
+    r = httpx.post(server.url + path, json={**body, "stream": False}, headers=headers, timeout=30)
     assert r.status_code == 429, r.text
     assert f"has used {expected + output} tokens" in r.json()["error"]["message"]
 

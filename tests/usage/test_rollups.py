@@ -231,6 +231,7 @@ def test_report_groups_csv_and_buckets() -> None:
         "costUsd": 0.375,
         "apiValueUsd": 0.875,
         "unpricedRequests": 1,
+        "estimatedRequests": 0,
     }
     parsed = list(csv.DictReader(io.StringIO(selectors.report_csv(report))))
     assert parsed[0] == {
@@ -246,6 +247,7 @@ def test_report_groups_csv_and_buckets() -> None:
         "costUsd": "0.375",
         "apiValueUsd": "0.375",
         "unpricedRequests": "1",
+        "estimatedRequests": "0",
     }
     hourly = selectors.usage_report(
         selectors.build_query(by="user", since="1d", until=None, now=now, bucket="hour")
@@ -305,16 +307,17 @@ def test_ocx_usage_command_table_json_csv(capsys: pytest.CaptureFixture[str]) ->
         "COST",
         "API_VALUE",
         "UNPRICED",
+        "ESTIMATED",
     ]
     # Tokens with thousands separators, dollars with cents.
     assert lines[2].split() == [
-        *("ann", "1", "123,456", "1,000", "2,000", "5", "0", "$1.23", "$1.23", "0")
+        *("ann", "1", "123,456", "1,000", "2,000", "5", "0", "$1.23", "$1.23", "0", "0")
     ]
     assert lines[3].split() == [
-        *("bob-the-long-name", "1", "7", "0", "3", "0", "0", "$0.00", "$0.00", "1")
+        *("bob-the-long-name", "1", "7", "0", "3", "0", "0", "$0.00", "$0.00", "1", "0")
     ]
     assert lines[4].split() == [
-        *("TOTAL", "2", "123,463", "1,000", "2,003", "5", "0", "$1.23", "$1.23", "1")
+        *("TOTAL", "2", "123,463", "1,000", "2,003", "5", "0", "$1.23", "$1.23", "1", "0")
     ]
     # Columns line up: every line's numbers end at the same place.
     assert len({len(line) for line in lines[1:]}) == 1

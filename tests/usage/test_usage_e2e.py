@@ -202,6 +202,7 @@ def test_request_without_upstream_usage_is_unknown(server: Server, mock: Mock) -
             "costUsd": 0.0,
             "apiValueUsd": 0.0,
             "unpricedRequests": 2,
+            "estimatedRequests": 0,
         }
     ]
 
@@ -242,6 +243,7 @@ def test_api_usage_params_csv_and_cli(server: Server, mock: Mock) -> None:
             "costUsd": "0.04",
             "apiValueUsd": "0.04",
             "unpricedRequests": "0",
+            "estimatedRequests": "0",
         },
         {
             "user": users[1],
@@ -255,6 +257,7 @@ def test_api_usage_params_csv_and_cli(server: Server, mock: Mock) -> None:
             "costUsd": "0.08",
             "apiValueUsd": "0.08",
             "unpricedRequests": "0",
+            "estimatedRequests": "0",
         },
     ]
     # An ISO range that ends before the requests counts none of them.
@@ -357,6 +360,7 @@ def test_totals_exact_across_three_workers(tmp_path: Path, mock: Mock) -> None:
             "costUsd": 0.0,
             "apiValueUsd": 0.0,
             "unpricedRequests": 60,
+            "estimatedRequests": 0,
         }
         # More writes cannot have been pending: the count is stable, not just reached.
         assert _usage(server, by="user", since="1h").json()["totals"]["requests"] == 60
