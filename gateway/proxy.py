@@ -71,6 +71,7 @@ from server.body_now import BodyNow
 from server.http_errors import HOST_NOT_ALLOWED, HostGate
 from server.turns import Turns
 from usage import estimate
+from usage import unpriced as pricing_gate
 from usage.budget_gate import Refusal
 from usage.requestlog import RequestEntry, new_request_id
 
@@ -645,12 +646,42 @@ class ProxyApp:
             masker=Masker(functools.partial(_known_secrets, snapshot, forwarded)),
         )
         pairs = {t.key: _credential_pair(snapshot, t, caller) for t in combo.targets}
+        unpriced = self._unpriced(snapshot, combo, model, key) if key.budgets else frozenset()
         gate = await self._admit(combo, pairs, key, exchange)
         result = await self._send(
-            snapshot, inbound, request, stream, combo, caller, pairs, gate, encrypted, exchange
+            snapshot,
+            inbound,
+            request,
+            stream,
+            combo,
+            caller,
+            pairs,
+            gate,
+            encrypted,
+            exchange,
+            unpriced,
         )
         if result is not None:
             await self._record(snapshot, combo, caller, pairs, gate, result, lane, key, exchange)
+
+    def _unpriced(
+        self, snapshot: ConfigSnapshot, combo: ComboSpec, model: str, key: KeyInfo
+    ) -> frozenset[str]:
+        """Under a dollar budget, the route's targets without a price (`usage.unpriced`): a
+        combo skips them; a route with only such targets is refused before any upstream."""
+        budget = pricing_gate.usd_budget(key.budgets)
+        if budget is None:
+            return frozenset()
+        prices = self.runtime.budgets.prices
+        found = pricing_gate.unpriced_keys(prices, snapshot, combo, time.time())
+        if found and all(t.key in found for t in combo.targets):
+            raise HTTPFailure(
+                400,
+                "invalid_request_error",
+                pricing_gate.CODE,
+                pricing_gate.refusal(model, found, budget),
+            )
+        return found
 
     async def _recall(
         self,
@@ -722,6 +753,7 @@ class ProxyApp:
         gate: Gate,
         encrypted: bool,
         exchange: Exchange,
+        unpriced: frozenset[str] = frozenset(),
     ) -> RouteResult | None:
         """The wire (providers): attempt the combo's targets in the attempt loop's order; a
         bare target is attempted once (recorded here, None returned)."""
@@ -742,6 +774,8 @@ class ProxyApp:
 
         def predicate(target: TargetSpec) -> str | None:
             # Credential, quota and pin are the target's state (`access`); this is request-local.
+            if unpriced and target.key in unpriced:
+                return pricing_gate.REASON  # no price under a dollar budget (issue 42)
             if refused and forwards_caller_credential(snapshot.providers[target.provider]):
                 # The same refused token would go there too.
                 return "caller credential refused"

@@ -123,6 +123,12 @@ PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
     }
 )
 NAMES: tuple[str, ...] = tuple(PRESETS)
+# Whose prices a preset's models cost (the genai-prices id). Set on a provider made from the
+# preset when its base URL is not the preset's (a company gateway, `10.x`, a mock): ocx infers
+# no prices for a private address, and a dollar budget must still count (issue 42).
+PRESET_PRICING: Mapping[str, str] = MappingProxyType(
+    {"openai": "openai", "anthropic": "anthropic", "openrouter": "openrouter"}
+)
 
 
 def preset_provider(name: str) -> dict[str, Any]:
@@ -153,6 +159,9 @@ def expand(raw: Mapping[str, object]) -> dict[str, object]:
     headers = out.get("headers")
     if isinstance(headers, Mapping) and "headers" in base:
         merged["headers"] = {**base["headers"], **headers}
+    moved = merged.get("baseUrl") != base.get("baseUrl")
+    if name in PRESET_PRICING and moved and "pricingProvider" not in out:
+        merged["pricingProvider"] = PRESET_PRICING[name]
     models = out.get("models")
     if isinstance(models, Mapping):
         merged["models"] = {

@@ -270,3 +270,36 @@ def test_config_load_accepts_a_preset(capsys: pytest.CaptureFixture[str], tmp_pa
     code, out, err = run(capsys, "config", "load", str(doc))
     assert code == 1 and 'unknown preset "acme"' in err
     assert selectors.config_dump() == before
+
+
+def test_a_preset_at_a_private_base_url_keeps_the_presets_prices(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Issue 42: a company gateway in front of OpenAI still costs OpenAI's prices.
+    code, _, err = run(
+        capsys, "provider", "add", "gw", "--preset", "openai", "--base-url", "http://10.1.2.3/v1"
+    )
+    assert code == 0 and "WARNING" not in err
+    assert stored("gw")["pricingProvider"] == "openai"
+    # At the preset's own address nothing is added (the price list is inferred from it).
+    assert run(capsys, "provider", "add", "oa", "--preset", "openai")[0] == 0
+    assert "pricingProvider" not in stored("oa")
+    # An explicit choice wins, null included.
+    raw = presets.expand(
+        {"preset": "anthropic", "baseUrl": "http://gw.internal/v1", "pricingProvider": None}
+    )
+    assert "pricingProvider" not in raw
+
+
+def test_provider_add_says_loudly_when_its_models_have_no_price(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _, err = run(
+        capsys, "provider", "add", "lo", "--preset", "ollama", "--model", "qwen3-coder:32768"
+    )
+    assert code == 0
+    assert err.startswith("WARNING: provider lo has no prices (qwen3-coder)")
+    assert "ocx provider set lo --pricing-provider openai" in err
+    assert '"price"' in err and "model_unpriced" in err
+    code, _, err = run(capsys, "provider", "add", "vl", "--preset", "vllm")
+    assert code == 0 and "(every model you add)" in err

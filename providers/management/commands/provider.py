@@ -15,6 +15,7 @@ from providers import presets, selectors, services
 from providers.errors import ConfigError
 from providers.management.base import ExamplesCommand
 from providers.models import Provider
+from providers.pricing_note import unpriced_models
 
 
 class _Parser(argparse.ArgumentParser):
@@ -261,6 +262,17 @@ class Command(ExamplesCommand):
             self.stdout.write(
                 f"Add the models you serve: ocx provider set {provider.name} "
                 "--model ID:CONTEXT_WINDOW"
+            )
+        unpriced = unpriced_models(stored)
+        if unpriced is not None:
+            # Loudly: under a dollar budget such a model is refused (400 model_unpriced).
+            listed = ", ".join(unpriced) if unpriced else "every model you add"
+            self.stderr.write(
+                f"WARNING: provider {provider.name} has no prices ({listed}): its requests get "
+                "no cost, and a key, user or team with a dollar budget is refused them "
+                f"(model_unpriced). Price them: ocx provider set {provider.name} "
+                "--pricing-provider openai (whose price list to use), or give each model a "
+                '"price" {"inputPerMTok": …, "outputPerMTok": …} (docs/usage.md#cost)'
             )
 
     def _remove(self, rest: list[str]) -> None:
