@@ -311,8 +311,9 @@ def test_api_usage_params_csv_and_cli(server: Server, mock: Mock) -> None:
         "COST",
         "API_VALUE",
         "UNPRICED",
+        "ESTIMATED",
     ]
-    want = [users[1], "2", "40", "0", "8", "0", "0", "$0.08", "$0.08", "0"]
+    want = [users[1], "2", "40", "0", "8", "0", "0", "$0.08", "$0.08", "0", "0"]
     assert want in [line.split() for line in lines]
     assert lines[-1].split()[0] == "TOTAL"
     bad = subprocess.run(
