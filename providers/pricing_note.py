@@ -28,6 +28,8 @@ def unpriced_models(raw: Mapping[str, Any]) -> list[str] | None:
     if not isinstance(models, Mapping) or not models:
         return []
     missing = sorted(
-        str(m) for m, meta in models.items() if not (isinstance(meta, Mapping) and meta.get("price"))
+        str(m)
+        for m, meta in models.items()
+        if not (isinstance(meta, Mapping) and meta.get("price"))
     )
     return missing or None

@@ -21,6 +21,7 @@ from combos.status import (
 )
 from combos.times import time_html, until_html
 from dashboard import selectors
+from usage.pricing_warning import unpriced_warning
 from usage.report import usd
 
 register = template.Library()
@@ -67,6 +68,8 @@ def ocx_dashboard(context: template.Context) -> dict[str, Any]:
         "charts": selectors.charts(selectors.DEFAULT_RANGE),
         "ranges": list(selectors.RANGES),
         "spend": selectors.spend(now=timezone.now(), zone=settings.OCX_TIME_ZONE),
+        # A dollar budget next to unpriced targets (issue 42): they are refused under it.
+        "unpriced_warning": unpriced_warning(),
         "request": context.get("request"),
     }
 

@@ -415,3 +415,25 @@ def test_the_dashboard_spend_without_any(staff: Client) -> None:
     spend = html.split('id="ocx-spend"', 1)[1].split("</section>", 1)[0]
     assert "No spend yet this month." in spend
     assert "$0.00" in spend and "API value" not in spend
+
+
+def test_dashboard_warns_while_a_dollar_budget_meets_an_unpriced_target(
+    staff: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accounts.models import ClientKey
+
+    monkeypatch.setattr(live, "load", lambda *a, **k: live.LiveSnapshot("this process"))
+    _setup_combo()  # p1/m1 and p2/m2 at 127.0.0.1: no price list
+    html = staff.get("/admin/").content.decode()
+    assert 'id="ocx-unpriced-warning"' not in html  # no dollar budget: nothing to warn about
+    user = get_user_model().objects.create_user("spender")
+    key = ClientKey.objects.create(user=user, prefix="ocx_Warn01", digest="d" * 64, budgets=[])
+    key.budgets = [{"tokens": 100, "period": "day"}]
+    key.save()
+    assert 'id="ocx-unpriced-warning"' not in staff.get("/admin/").content.decode()
+    key.budgets = [{"usd": 5, "period": "day"}]
+    key.save()
+    html = staff.get("/admin/").content.decode()
+    assert 'id="ocx-unpriced-warning"' in html
+    assert "2 enabled target(s) have no price: p1/m1, p2/m2" in html
+    assert "400 model_unpriced" in html

@@ -218,6 +218,11 @@ class Command(ExamplesCommand):
                     "or open the admin at /admin/ (create a login with "
                     "`ocx user create NAME --staff`). Check the setup with `ocx doctor`."
                 )
+            from usage.pricing_warning import unpriced_warning
+
+            warning = unpriced_warning()
+            if warning is not None:
+                self.stderr.write(f"WARNING: {warning}")
         # OCX_WORKER_COUNT: each worker's share of an rpm limit while Redis is out (redis_guard).
         env = {**os.environ, "OCX_WORKER": "1", "OCX_WORKER_COUNT": str(workers)}
         if workers > 1:
