@@ -74,6 +74,7 @@ from usage import estimate
 from usage import unpriced as pricing_gate
 from usage.budget_gate import Refusal
 from usage.requestlog import RequestEntry, new_request_id
+from usage.reservations import Hold
 
 log = logging.getLogger("ocx.proxy")
 request_log = logging.getLogger("ocx.request")
@@ -191,6 +192,8 @@ class Exchange:
         self.relayed = estimate.Relayed()
         self.committed_target = ""
         self.noted: Any = None
+        # What admission reserved against the budgets (`usage.reservations`), let go at the end.
+        self.hold: Hold | None = None
 
     def note_usage(self, target: TargetSpec, usage: Any) -> None:
         self.committed_target = target.key
@@ -381,6 +384,8 @@ class ProxyApp:
                     self._settle(exchange, outcome)
                 if exchange.key is not None:
                     await self._charge(exchange)
+                if exchange.hold is not None:
+                    await self.runtime.reservations.release(exchange.hold)
                 if exchange.started:
                     try:
                         await exchange.finish()
@@ -566,6 +571,9 @@ class ProxyApp:
                     cached_tokens=entry.cached_tokens,
                     output_tokens=entry.output_tokens,
                 )
+            if tokens is not None and key.budgets:
+                # The next reservation of this key on this model expects about as much.
+                runtime.reservations.recent.learn(key.id, entry.requested_model, tokens, usd)
             await runtime.budgets.charge(
                 key.budgets,
                 tokens=tokens,
@@ -735,11 +743,40 @@ class ProxyApp:
                     ),
                     now,
                 )
+        if key.budgets:
+            await self._reserve(combo, key, exchange, now)
         # A budget admitted here is charged at request end.
         exchange.key = key
         if state and gate.along is not None and not gate.leased:
             runtime.prime_state(combo.id, gate.along[0])
         return gate
+
+    async def _reserve(self, combo: ComboSpec, key: KeyInfo, exchange: Exchange, now: int) -> None:
+        """Reserve the request's expected cost against its budgets (`usage.reservations`): the
+        key's recent cost on this model, else the estimate of its input at the first target's
+        price. Refused when the requests in flight already take the rest of a budget."""
+        runtime = self.runtime
+        model = exchange.entry.requested_model
+        expected = runtime.reservations.recent.get(key.id, model)
+        if expected is None:
+            tokens, micros = estimate.input_estimate(exchange.request), 0
+            if runtime.budgets.wants_cost(key.budgets):
+                micros = runtime.budgets.cost_micros(
+                    runtime.snapshot,
+                    combo.targets[0].key,
+                    at=time.time(),
+                    input_tokens=tokens,
+                    cached_tokens=0,
+                    output_tokens=0,
+                )
+            expected = (tokens, micros)
+        hold = await runtime.reservations.reserve(
+            key.budgets, tokens=expected[0], micros=expected[1], now_ms=now
+        )
+        if isinstance(hold, Refusal):
+            _refuse(hold, now)
+        else:
+            exchange.hold = hold
 
     async def _send(
         self,

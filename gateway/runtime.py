@@ -56,6 +56,7 @@ from state import caller_limits
 from state.ratelimit import MemoryLimiter, RedisLimiter
 from state.recall_store import MemoryRecall, RedisRecall
 from usage import budget_events, requestlog
+from usage.reservations import Reservations
 
 if TYPE_CHECKING:
     from state.redis_guard import GuardedLimiter, GuardedRecall, GuardedStateStore, RedisBreaker
@@ -159,6 +160,8 @@ class Runtime:
             # While Redis is out each worker spends its share of what was left (redis_guard).
             workers = int(os.environ.get("OCX_WORKER_COUNT") or 1)
             self.budgets.store = GuardedBudgetStore(self.budgets.store, self.redis, workers)
+        # Admission reserves each request's expected cost (issue 42: bounded overshoot).
+        self.reservations = Reservations(self.budgets)
         self._started: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         # The event loop serving requests (set by `ready()`): a write made in another thread of
