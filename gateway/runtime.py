@@ -53,9 +53,10 @@ from routing.types import ConfigSnapshot, ProviderSpec
 from server import lifecycle, metrics
 from server.background import BatchWriter, in_thread
 from state import caller_limits
+from state.budget_store import MemoryBudgetStore
 from state.ratelimit import MemoryLimiter, RedisLimiter
 from state.recall_store import MemoryRecall, RedisRecall
-from usage import budget_events, requestlog
+from usage import budget_events, requestlog, verify
 from usage.reservations import Reservations
 
 if TYPE_CHECKING:
@@ -162,6 +163,10 @@ class Runtime:
             self.budgets.store = GuardedBudgetStore(self.budgets.store, self.redis, workers)
         # Admission reserves each request's expected cost (issue 42: bounded overshoot).
         self.reservations = Reservations(self.budgets)
+        counters = self.budgets.store
+        if isinstance(counters, MemoryBudgetStore):
+            # `GET /api/usage/verify` compares this worker's counters with the records.
+            verify.serve_counters(lambda: verify.memory_counters(counters))
         self._started: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         # The event loop serving requests (set by `ready()`): a write made in another thread of

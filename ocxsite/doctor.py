@@ -366,7 +366,25 @@ def run_checks(*, host: str) -> list[Check]:
     checks.extend(check_combos(snapshot))
     checks.extend(check_catalog(snapshot))
     checks.extend(check_prices(snapshot))
+    checks.append(check_ledger())
     return checks
+
+
+def check_ledger() -> Check:
+    """`ocx usage verify` for today: the request log, rollups and budget counters agree."""
+    from django.utils import timezone
+
+    from usage import verify
+
+    now = timezone.now()
+    result = verify.verify_here(since=verify.start_of_today(now), now=now)
+    if not result.agrees:
+        shown = "; ".join(result.differences[:3])
+        return Check("ledger", FAIL, f"{len(result.differences)} difference(s) today: {shown}")
+    detail = "; ".join(result.checked) or "nothing to compare"
+    if result.notes:
+        detail += " (" + "; ".join(result.notes) + ")"
+    return Check("ledger", OK, f"today agrees: {detail}")
 
 
 # --- --probe ---------------------------------------------------------------------------------

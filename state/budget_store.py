@@ -133,6 +133,14 @@ class MemoryBudgetStore:
             values.append(value if expires > now_ms else 0)
         return values, [dict(self._hashes.get(h, {})) for h in hashes]
 
+    def values(self, counters: Sequence[str], now_ms: int) -> list[int]:
+        """The counters' values, read synchronously (`ocx usage verify` from another thread)."""
+        out = []
+        for name in counters:
+            value, expires = self._counters.get(name, (0, 0))
+            out.append(value if expires > now_ms else 0)
+        return out
+
     def seed(self, name: str, data: dict[str, str]) -> None:
         """Take a hash as read from the shared store (`redis_guard`: the copy for an outage)."""
         self._hashes[name] = dict(data)

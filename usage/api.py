@@ -38,3 +38,26 @@ def get_usage(
         response["Content-Disposition"] = 'attachment; filename="ocx-usage.csv"'
         return response
     return report
+
+
+@router.get("/verify", operation_id="verify_usage")
+def verify_usage(request: HttpRequest, since: str | None = None) -> dict[str, object]:
+    """The ledger check (`ocx usage verify`): request log, rollups and the budget counters this
+    server counts with (Redis, or its own memory), since `since` (default: today)."""
+    from usage import verify
+
+    now = timezone.now()
+    try:
+        start = verify.parse_since(since, now=now)
+    except selectors.UsageQueryError as exc:
+        raise HttpError(400, str(exc)) from None
+    result = verify.verify(
+        since=start, now=now, counters=verify.live_counters(), counters_note=verify.NO_COUNTERS
+    )
+    return {
+        "since": start.isoformat().replace("+00:00", "Z"),
+        "agrees": result.agrees,
+        "checked": result.checked,
+        "differences": result.differences,
+        "notes": result.notes,
+    }

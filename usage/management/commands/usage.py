@@ -19,6 +19,8 @@ examples:
   ocx usage --by team --since 30d             # a request counts for each team of its user
   ocx usage --by combo --since 2026-11-01T00:00:00Z --until 2026-12-01T00:00:00Z --csv
   ocx usage --by key --since 30d --json
+  ocx usage verify                            # request log, rollups and budget counters agree?
+  ocx usage verify --since 2h
 """
 
 
@@ -28,18 +30,33 @@ class Command(ExamplesCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
+            "action",
+            nargs="?",
+            choices=["verify"],
+            help="verify: compare the request log, the rollups and the budget counters "
+            "(exit 1 when they disagree; --since defaults to today's start)",
+        )
+        parser.add_argument(
             "--by", default="user", help="one or two of user,team,key,combo,target,model,status"
         )
-        parser.add_argument("--since", default="24h", help="ISO 8601 time or 1h, 24h, 7d, 30d")
+        parser.add_argument(
+            "--since", default=None, help="ISO 8601 time or 1h, 24h, 7d, 30d (default 24h)"
+        )
         parser.add_argument("--until", default=None)
         out = parser.add_mutually_exclusive_group()
         out.add_argument("--json", action="store_true")
         out.add_argument("--csv", action="store_true")
 
     def handle(self, *args: str, **options: Any) -> None:
+        if options["action"] == "verify":
+            self._verify(options["since"])
+            return
         try:
             query = selectors.build_query(
-                by=options["by"], since=options["since"], until=options["until"], now=timezone.now()
+                by=options["by"],
+                since=options["since"] or "24h",
+                until=options["until"],
+                now=timezone.now(),
             )
         except selectors.UsageQueryError as exc:
             raise CommandError(str(exc)) from None
@@ -50,6 +67,21 @@ class Command(ExamplesCommand):
             self.stdout.write(selectors.report_csv(report), ending="")
         else:
             self.stdout.write(_table(report))
+
+    def _verify(self, since: str | None) -> None:
+        from usage import verify
+
+        now = timezone.now()
+        try:
+            start = verify.parse_since(since, now=now)
+        except selectors.UsageQueryError as exc:
+            raise CommandError(str(exc)) from None
+        result = verify.verify_here(since=start, now=now)
+        self.stdout.write(result.text())
+        if not result.agrees:
+            raise CommandError(
+                f"the ledger disagrees: {len(result.differences)} difference(s) (above)"
+            )
 
 
 def _table(report: dict[str, Any]) -> str:
