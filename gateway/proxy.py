@@ -574,14 +574,18 @@ class ProxyApp:
             if tokens is not None and key.budgets:
                 # The next reservation of this key on this model expects about as much.
                 runtime.reservations.recent.learn(key.id, entry.requested_model, tokens, usd)
-            await runtime.budgets.charge(
+            hold = exchange.hold
+            shared = hold is not None and hold.shared
+            if await runtime.budgets.charge(
                 key.budgets,
                 tokens=tokens,
                 served=served,
                 now_ms=_now_ms(),
                 providers=providers,
                 usd_micros=usd,
-            )
+                release=hold.items if hold is not None and shared else (),
+            ):
+                exchange.hold = None  # let go in the charge's own call
         except Exception:  # noqa: BLE001 - the answer is complete; only the count is lost
             log.exception("could not count request %s against its budgets", exchange.request_id)
 

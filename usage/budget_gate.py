@@ -459,9 +459,13 @@ class BudgetGate:
         now_ms: int,
         providers: frozenset[str] = frozenset(),
         usd_micros: int = 0,
-    ) -> None:
+        release: Sequence[tuple[str, int]] = (),
+    ) -> bool:
         """Count a finished request against its budgets (`tokens` None: usage unknown;
-        `usd_micros` its cost, 0 when free, unpriced or unknown)."""
+        `usd_micros` its cost, 0 when free, unpriced or unknown). `release`: the request's
+        reservations in the store (`usage.reservations`), let go in the same call when there
+        is a charge; True when they were."""
+        released = False
         if tokens or usd_micros:
             charged: list[tuple[ScopedBudget, CounterBudget, int, int]] = []
             items: list[tuple[str, int, int]] = []
@@ -475,14 +479,20 @@ class BudgetGate:
                     charged.append((sb, b, end, amount))
                     items.append((name, amount, end + COUNTER_GRACE_MS))
             if items:
-                totals = await self.store.add_many(items, now_ms)
+                charged_n = len(items)
+                if release:
+                    # Negative amounts: the reservations go in the charge's own script call.
+                    expiry = now_ms + COUNTER_GRACE_MS
+                    items += [(name, -amount, expiry) for name, amount in release]
+                    released = True
+                totals = (await self.store.add_many(items, now_ms))[:charged_n]
                 for (sb, b, end, amount), new in zip(charged, totals, strict=True):
                     scale = _scale(b)
                     self._crossed(
                         sb, (new - amount) / scale, new / scale, limit_units(b) / scale, end, None
                     )
         if served is None:
-            return
+            return released
         pair, headers = served
         scoped = [
             sb
@@ -490,7 +500,7 @@ class BudgetGate:
             if isinstance(sb.budget, WindowBudget) and sb.budget.provider == pair[0]
         ]
         if not scoped and pair[0] not in providers:
-            return
+            return released
         for window in _budget_windows(windows_from_headers(headers, now=now_ms)):
             assert window.used_percent is not None and window.resets_at_ms is not None
             name = window.name if window.name != "custom" else f"custom{window.window_minutes}"
@@ -510,6 +520,7 @@ class BudgetGate:
                 self._crossed(
                     sb, before, points_after, sb.budget.percent, window.resets_at_ms, name
                 )
+        return released
 
     def _crossed(
         self,

@@ -305,8 +305,9 @@ def test_with_redis_the_counters_ride_in_the_quota_gates_round_trip(
     server: Server, mock: Mock
 ) -> None:
     """One read before routing for the quota records, the combo's routing state and the token
-    budgets' counters: a single `MGET`; the charge is the only write (one script call), and a
-    refused request makes that one read and nothing else."""
+    budgets' counters: a single `MGET`; then the reservation of the request's expected cost
+    (one script call, issue 42) and at the end the charge, which lets the reservation go in
+    the same script call; a refused request makes that one read and nothing else."""
     if not server.env.get("REDIS_URL"):
         pytest.skip("this server runs without Redis")
     prefix = server.env["OCX_STATE_KEY_PREFIX"]
@@ -320,13 +321,19 @@ def test_with_redis_the_counters_ride_in_the_quota_gates_round_trip(
 
     with redis_commands(prefix) as commands:
         assert ask(server.http, "combo/bgc", headers).status_code == 200  # 200
-    assert [c[0] for c in commands] == ["MGET", "EVALSHA"], commands
+    assert [c[0] for c in commands] == ["MGET", "EVALSHA", "EVALSHA"], commands
     names = commands[0][1:]
     # Last, the seeding sentinel: gone after a Redis flush, the counters are seeded again.
     assert [n.split(":", 2)[1] for n in names] == ["quota", "combo", "budget", "budget-seeded"]
     assert names[2].startswith(counter)
     assert names[3] == f"{prefix}:budget-seeded"
-    assert commands[1][2:5] == ["1", names[2], "100"]  # one key: the counter, by 100 tokens
+    held = names[2] + ":held"
+    # The reservation: the counter and its reservations, the limit and the expected 100 tokens
+    # (the key's previous request on the model).
+    assert commands[1][2:8] == ["2", names[2], held, "1", "250", "100"]
+    # The charge: the counter up by 100 tokens, the reservation down by as much.
+    assert commands[2][2:5] == ["2", names[2], held]
+    assert commands[2][5] == "100" and commands[2][7] == "-100"
 
     assert ask(server.http, "combo/bgc", headers).status_code == 200  # 200 < 250 → 300
     with redis_commands(prefix) as commands:
