@@ -730,7 +730,7 @@ class ProxyApp:
         state = runtime.state_along(combo.id) if combo.id else ()
         counters = runtime.budgets.along(key.budgets, now) if key.budgets else None
         if key.budgets and counters is None:
-            _refuse(await runtime.budgets.admit(key.budgets, now), now)
+            _refuse(await runtime.budgets.admit(key.budgets, now), now, exchange.entry)
         gate = await runtime.tracker.gate(
             (p for p in pairs.values() if p is not None),
             now=now,
@@ -739,13 +739,14 @@ class ProxyApp:
         )
         if counters:
             if gate.along is None:  # Redis out, or no round trip made: the budget store's copy
-                _refuse(await runtime.budgets.admit(key.budgets, now), now)
+                _refuse(await runtime.budgets.admit(key.budgets, now), now, exchange.entry)
             else:
                 _refuse(
                     await runtime.budgets.admit_along(
                         key.budgets, counters, gate.along[len(state) :], now
                     ),
                     now,
+                    exchange.entry,
                 )
         if key.budgets:
             await self._reserve(combo, key, exchange, now)
@@ -778,7 +779,7 @@ class ProxyApp:
             key.budgets, tokens=expected[0], micros=expected[1], now_ms=now
         )
         if isinstance(hold, Refusal):
-            _refuse(hold, now)
+            _refuse(hold, now, exchange.entry)
         else:
             exchange.hold = hold
 
@@ -1142,9 +1143,12 @@ def _check_shape(
     return encrypted
 
 
-def _refuse(refusal: Refusal | None, now: int) -> None:
-    """A used-up budget (PRODUCT §9.5) refuses the request, as a usage limit (§9.10)."""
+def _refuse(refusal: Refusal | None, now: int, entry: RequestEntry | None = None) -> None:
+    """A used-up budget (PRODUCT §9.5) refuses the request, as a usage limit (§9.10); its
+    request-log row names it."""
     if refusal is not None:
+        if entry is not None:
+            entry.budget = f"{refusal.budget.owner}: {refusal.budget.budget.describe()}"
         raise HTTPFailure.shaped(
             refusals.budget_exceeded(
                 message=refusal.message(),

@@ -208,6 +208,7 @@ class RequestLogAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                     "stream",
                     "tokens",
                     "cost",
+                    "budget_name",
                 )
             },
         ),
@@ -222,6 +223,7 @@ class RequestLogAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "served",
         "tokens",
         "cost",
+        "budget_name",
         "attempts_view",
         "skipped_view",
     )
@@ -236,11 +238,21 @@ class RequestLogAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: RequestLog) -> SafeString:
-        return format_html(
+        badge = format_html(
             '<span class="ocx-status ocx-status-{}">{}</span>',
             _status_class(obj.status),
             obj.status,
         )
+        if obj.budget:
+            # A budget_exceeded refusal names the budget that refused it (issue 42).
+            return format_html(
+                '{} <span class="ocx-quiet ocx-budget">budget: {}</span>', badge, obj.budget
+            )
+        return badge
+
+    @admin.display(description="budget")
+    def budget_name(self, obj: RequestLog) -> str:
+        return obj.budget or "—"
 
     @admin.display(description="duration", ordering="duration_ms")
     def duration(self, obj: RequestLog) -> str:
@@ -262,7 +274,9 @@ class RequestLogAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def tokens(self, obj: RequestLog) -> str:
         if obj.input_tokens is None and obj.output_tokens is None:
             return "—"
-        return f"{obj.input_tokens or 0} / {obj.output_tokens or 0}"
+        text = f"{obj.input_tokens or 0} / {obj.output_tokens or 0}"
+        # ocx's estimate: an abandoned stream or a usage report that failed the checks.
+        return text + " (estimated)" if obj.usage_estimated else text
 
     @admin.display(description="cost")
     def cost(self, obj: RequestLog) -> str:

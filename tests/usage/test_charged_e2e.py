@@ -87,7 +87,7 @@ def test_an_abandoned_stream_is_charged_its_estimate(
     user, model = f"esc{tag}", f"slow{tag}"
     _setup(server, mock, f"p{tag}", adapter, model)
     # 105 tokens of input alone use the budget up: the next request is refused.
-    _, headers = new_key(server, user, budget={"tokens": 100, "period": "day"})
+    created, headers = new_key(server, user, budget={"tokens": 100, "period": "day"})
     mock.script(model, [{"deltas": 40, "delta_ms": 100, "usage": {"input_tokens": 999}}])
     expected = PROMPT_TOKENS
     if path == "/v1/responses":
@@ -117,6 +117,10 @@ def test_an_abandoned_stream_is_charged_its_estimate(
     r = httpx.post(server.url + path, json={**body, "stream": False}, headers=headers, timeout=30)
     assert r.status_code == 429, r.text
     assert f"has used {expected + output} tokens" in r.json()["error"]["message"]
+    # The refusal's request-log row names the budget that refused it.
+    refused = [row for row in _logged(server, user, 2) if row["status"] == 429]
+    assert refused[0]["budget"] == f"key {created['prefix']}… of {user}: 100 tokens per day"
+    assert row["budget"] is None
 
 
 def test_an_upstream_that_breaks_after_output_is_charged_its_estimate(

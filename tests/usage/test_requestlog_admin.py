@@ -256,3 +256,21 @@ def test_the_route_table_names_the_rescue_roles() -> None:
     assert "<td>continued</td>" in html
     assert "<td>continuation</td>" in html
     assert "<td>failed_after_commit (not_continued: tool call started)</td>" in html
+
+
+def test_a_budget_refusal_names_its_budget_and_an_estimate_says_so(staff: Client) -> None:
+    # Issue 42: the lead sees which budget refused, and which tokens are ocx's estimate.
+    refused = _row(
+        "req-budget",
+        status=429,
+        target="",
+        outcome="budget_exceeded",
+        budget="team infra: $5.00 per day",
+    )
+    estimated = _row("req-est", input_tokens=105, output_tokens=12, usage_estimated=True)
+    html = staff.get("/admin/usage/requestlog/").content.decode()
+    assert "budget: team infra: $5.00 per day" in html
+    detail = staff.get(f"/admin/usage/requestlog/{refused.pk}/change/").content.decode()
+    assert "team infra: $5.00 per day" in detail
+    detail = staff.get(f"/admin/usage/requestlog/{estimated.pk}/change/").content.decode()
+    assert "105 / 12 (estimated)" in detail
