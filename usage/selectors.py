@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from django.apps import apps
 from django.contrib.auth import get_user_model
-from django.db.models import Sum
+from django.db.models import Max, Sum
 from django.db.models.functions import TruncDay, TruncHour, TruncMinute
 
 from usage.models import COUNTERS, UsageRollup
@@ -22,7 +23,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "user": ("user",),
     # Read per user, then counted for each team the user is in now (`_teams_of_users`).
     "team": ("user",),
-    "key": ("key_id", "key_prefix"),
+    # Per key id, across rotations (each secret has its own prefix): `_keys` names it.
+    "key": ("key_id",),
     "combo": ("combo",),
     "target": ("target",),
     "model": ("model",),
@@ -153,6 +155,7 @@ def usage_report(query: UsageQuery) -> dict[str, Any]:
         since=query.since, until=query.until, group=columns, bucket=query.bucket, counters=counters
     )
     teams = _teams_of_users() if "team" in query.by else None
+    keys = _keys({r["key_id"] for r in raw if r.get("key_id")}, query) if "key" in query.by else {}
     rows: list[dict[str, Any]] = []
     merged: dict[tuple[Any, ...], dict[str, Any]] = {}
     totals = dict.fromkeys(REPORTED, 0)
@@ -164,8 +167,11 @@ def usage_report(query: UsageQuery) -> dict[str, Any]:
             row: dict[str, Any] = {}
             for name in query.by:
                 if name == "key":
-                    row["key"] = r["key_prefix"] or None
+                    prefix, key_name, owner = keys.get(r["key_id"], (None, None, None))
+                    row["key"] = prefix
                     row["keyId"] = r["key_id"] or None
+                    row["keyName"] = key_name
+                    row["owner"] = owner
                 elif name == "team":
                     row["team"] = team
                 else:
@@ -191,6 +197,31 @@ def usage_report(query: UsageQuery) -> dict[str, Any]:
         "rows": rows,
         "totals": totals,
     }
+
+
+def _keys(ids: set[int], query: UsageQuery) -> dict[int, tuple[str, str | None, str | None]]:
+    """key id → (prefix of its current secret, name, owner); a deleted key keeps the last
+    prefix it was counted under (`accounts` sits above `usage`: its model by name)."""
+    if not ids:
+        return {}
+    model = apps.get_model("accounts", "ClientKey")
+    out: dict[int, tuple[str, str | None, str | None]] = {
+        pk: (prefix, name or None, owner)
+        for pk, prefix, name, owner in model.objects.filter(pk__in=ids).values_list(
+            "pk", "prefix", "name", "user__username"
+        )
+    }
+    gone = ids - set(out)
+    if gone:
+        rows = (
+            UsageRollup.objects.filter(
+                key_id__in=gone, bucket__gte=query.since, bucket__lt=query.until
+            )
+            .values("key_id")
+            .annotate(prefix=Max("key_prefix"))
+        )
+        out.update({r["key_id"]: (r["prefix"], None, None) for r in rows})
+    return out
 
 
 def _teams_of_users() -> dict[str, list[str]]:
@@ -249,7 +280,7 @@ def report_csv(report: dict[str, Any]) -> str:
 def _dims(report: dict[str, Any]) -> list[str]:
     out: list[str] = []
     for name in report["by"]:
-        out += ["key", "keyId"] if name == "key" else [name]
+        out += ["key", "keyId", "keyName", "owner"] if name == "key" else [name]
     if report["rows"] and "at" in report["rows"][0]:
         out.append("at")
     return out

@@ -237,6 +237,8 @@ def test_report_groups_csv_and_buckets() -> None:
     assert parsed[0] == {
         "key": "ocx_k1",
         "keyId": "1",
+        "keyName": "",  # no such key any more: its last prefix, no name or owner
+        "owner": "",
         "target": "p/m",
         "requests": "3",
         "inputTokens": "200",
@@ -362,3 +364,30 @@ def test_a_batch_commits_log_and_usage_together(monkeypatch: pytest.MonkeyPatch)
     ]
     assert RequestLog.objects.get(user="bob").requested_model == "m" * 256
     assert UsageRollup.objects.get(user="bob").model == "m" * 256
+
+
+@pytest.mark.django_db
+def test_by_key_groups_a_rotated_key_under_its_id_with_its_current_prefix() -> None:
+    # Issue 42: a rotated key's secrets have their own prefixes; its usage is one row.
+    from django.contrib.auth import get_user_model
+
+    from accounts.models import ClientKey
+
+    owner = get_user_model().objects.create_user("rota")
+    key = ClientKey.objects.create(user=owner, name="laptop", prefix="ocx_New001", digest="e" * 64)
+    before = entry(key_id=key.pk, user="rota")
+    before.key_prefix = "ocx_Old001"
+    after = entry(key_id=key.pk, user="rota")
+    after.key_prefix = "ocx_New001"
+    services.record_requests(records=[before, after])
+    report = selectors.usage_report(
+        selectors.build_query(by="key", since="1d", until=None, now=T0 + dt.timedelta(hours=1))
+    )
+    (row,) = report["rows"]
+    assert (row["key"], row["keyId"], row["keyName"], row["owner"], row["requests"]) == (
+        "ocx_New001",
+        key.pk,
+        "laptop",
+        "rota",
+        2,
+    )

@@ -128,6 +128,7 @@ def test_api_json_csv_and_cli(recorded: dt.datetime, settings: Any, client: Clie
         "COST",
         "API_VALUE",
         "UNPRICED",
+        "ESTIMATED",
     ]
     assert lines[2].split()[:3] == ["(no", "team)", "2"]
     assert lines[3].split()[:2] == ["apps", "1"]

@@ -85,9 +85,11 @@ class Command(ExamplesCommand):
 
 
 def _table(report: dict[str, Any]) -> str:
-    dims = [d for d in report["by"]]
+    # A key is shown by its current secret's prefix, its name and its owner (issue 42).
+    dims = [c for d in report["by"] for c in (("key", "keyName", "owner") if d == "key" else (d,))]
     counters = list(selectors.REPORTED)
-    headers = [d.upper() for d in dims] + [
+    names = {"keyName": "NAME", "owner": "OWNER"}
+    headers = [names.get(d, d.upper()) for d in dims] + [
         "REQUESTS",
         "INPUT",
         "CACHED",
