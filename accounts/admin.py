@@ -9,13 +9,12 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.template.response import TemplateResponse
 from django.utils import timezone
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html
 from django.utils.http import urlencode
-from django.utils.safestring import mark_safe
 
 from accounts import access, expiry, key_forms
 from accounts.models import ClientKey, ManagementToken, UserBudget
-from usage import budget_selectors
+from usage import budget_selectors, ledger_view
 from usage.budgets import scoped_budgets, stored_budgets
 
 BUDGETS_HELP = key_forms.BUDGETS_HELP
@@ -157,10 +156,12 @@ class ClientKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         """Each budget of the key and its user: what its period used, as recorded."""
         if obj.pk is None:
             return "—"
-        uses = budget_selectors.budget_use(scoped_budgets(obj))
+        teams = access.team_budgets(access.teams_by_user([obj.user_id]).get(obj.user_id, ()))
+        uses = budget_selectors.budget_use(scoped_budgets(obj) + teams)
         if not uses:
             return "—"
-        return format_html_join(mark_safe("<br>"), "{}: {}", ((u.scope, u.text) for u in uses))
+        # The budget that binds the key first (its own, its user's or a team's: issue 42).
+        return ledger_view.binding_html(uses)
 
     @admin.display(description="user", ordering="user__username")
     def user_link(self, obj: ClientKey) -> str:

@@ -18,8 +18,10 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from accounts import key_services, team_services
+from accounts.access import team_budgets
 from accounts.models import Team, TeamProfile
 from combos import selectors
+from usage import budget_selectors, ledger_view
 from usage.budgets import stored_budgets
 
 BUDGETS_HELP = (
@@ -110,7 +112,7 @@ class TeamAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     form = TeamForm
     list_display = ("name", "member_count", "member_list", "budget_list", "model_list")
     search_fields = ("name", "user__username")
-    fields = ("name", "members", "budgets", "allowed_models")
+    fields = ("name", "members", "budgets", "budget_use", "allowed_models")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Team]:
         return (
@@ -123,7 +125,13 @@ class TeamAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         # Renaming is not offered: the usage history names teams by their current name.
-        return ("name",) if obj is not None else ()
+        return ("name", "budget_use") if obj is not None else ("budget_use",)
+
+    @admin.display(description="budget use")
+    def budget_use(self, obj: Team) -> str:
+        if obj.pk is None:
+            return "-"
+        return self.budget_list(obj)
 
     @admin.display(description="members", ordering="member_total")
     def member_count(self, obj: Team) -> int:
@@ -135,11 +143,13 @@ class TeamAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         shown = ", ".join(names[:8])
         return shown + (f" and {len(names) - 8} more" if len(names) > 8 else "") or "-"
 
-    @admin.display(description="budgets")
+    @admin.display(description="budgets and use")
     def budget_list(self, obj: Team) -> str:
+        """Each budget of the team and what its period used, with a bar (issue 42)."""
         profile = _profile(obj)
-        budgets = stored_budgets(profile.budgets) if profile else ()
-        return ", ".join(b.describe() for b in budgets) or "-"
+        if profile is None or not stored_budgets(profile.budgets):
+            return "-"
+        return ledger_view.uses_html(budget_selectors.budget_use(team_budgets([profile])))
 
     @admin.display(description="allowed models")
     def model_list(self, obj: Team) -> str:

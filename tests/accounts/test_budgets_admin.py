@@ -60,11 +60,31 @@ def test_key_list_and_page_show_budget_use_from_the_records() -> None:
     client = Client()
     client.force_login(root)
     listing = client.get("/admin/accounts/clientkey/").content.decode()
-    use = (
-        "key: $1.20 of $5.00 this month<br>key: 318 of 300 tokens today"
-        "<br>user: $1.20 of $100.00 this week"
-    )
-    assert use in listing
-    assert '<td class="field-budget_use">user: $1.20 of $100.00 this week</td>' in listing
+    # Each budget with what its period used and a bar; first, the one that binds the key
+    # (issue 42): here its own token budget, used up.
+    for text in (
+        "<strong>binds: key ocx_bb… of bob: 318 of 300 tokens today (used up)",
+        "key: $1.20 of $5.00 this month <meter",
+        "key: 318 of 300 tokens today (used up) <meter",
+        "user: $1.20 of $100.00 this week <meter",
+    ):
+        assert text in listing, text
+    # The key without budgets of its own is bound by its user's.
+    assert "<strong>binds: user bob: $1.20 of $100.00 this week <meter" in listing
     page = client.get(f"/admin/accounts/clientkey/{key.pk}/change/").content.decode()
-    assert use in page
+    assert "binds: key ocx_bb… of bob: 318 of 300 tokens today (used up)" in page
+    # A team budget binds too, and shows on the team's list and page (with a bar).
+    from django.contrib.auth.models import Group
+
+    from accounts.models import TeamProfile
+
+    team = Group.objects.create(name="infra")
+    team.user_set.add(bob)
+    TeamProfile.objects.create(group=team, budgets=[{"usd": 1, "period": "day"}])
+    listing = client.get("/admin/accounts/clientkey/").content.decode()
+    assert "<strong>binds: team infra: $1.20 of $1.00 today (used up) <meter" in listing
+    teams = client.get("/admin/accounts/team/").content.decode()
+    assert "team: $1.20 of $1.00 today (used up) <meter" in teams
+    assert 'max="1.0" value="1.0"' in teams
+    team_page = client.get(f"/admin/accounts/team/{team.pk}/change/").content.decode()
+    assert "team: $1.20 of $1.00 today (used up)" in team_page
