@@ -112,7 +112,7 @@ def _graceful(base: type[Any]) -> type[Any]:
 
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets=sockets)
-                    lifecycle.freeze_heap()
+            lifecycle.freeze_heap()
             lifecycle.started(asyncio.get_running_loop())
 
         def _say_ready(self, fd: int) -> None:
