@@ -268,9 +268,7 @@ def mgmt_token_create(*, username: str, name: str = "") -> tuple[ManagementToken
         user, _ = user_model.objects.get_or_create(
             username=username, defaults={"password": make_password(None)}
         )
-        if not user.is_staff:
-            user.is_staff = True
-            user.save(update_fields=["is_staff"])
+        # The token acts with its user's rights (docs/people.md): it changes no role.
         secret = MGMT_PREFIX + secrets.token_urlsafe(32)
         token = ManagementToken(user=user, name=name, prefix=secret[:11], digest=digest(secret))
         token.full_clean()
@@ -289,7 +287,8 @@ def mgmt_token_revoke(*, token_id: int) -> bool:
 
 
 def mgmt_user_for(secret: str) -> AbstractBaseUser | None:
-    """The active staff user owning this management token, or None."""
+    """The active user owning this management token, or None; the route decides what that
+    user's role may do (accounts.api_auth)."""
     bootstrap = settings.OCX_ADMIN_TOKEN
     # Bytes: compare_digest refuses a str with non-ASCII characters (a header may carry any).
     if bootstrap and secrets.compare_digest(secret.encode(), bootstrap.encode()):
@@ -301,7 +300,7 @@ def mgmt_user_for(secret: str) -> AbstractBaseUser | None:
         .filter(digest=digest(secret), revoked__isnull=True)
         .first()
     )
-    if token is None or not token.user.is_active or not token.user.is_staff:
+    if token is None or not token.user.is_active:
         return None
     return token.user
 
@@ -315,7 +314,8 @@ def _bootstrap_admin() -> AbstractBaseUser:
         # Unusable, not empty: nobody can log in as it with a password (issue #43).
         user.set_unusable_password()
         user.save(update_fields=["password"])
-    elif not user.is_staff:
-        user.is_staff = True
-        user.save(update_fields=["is_staff"])
+    elif not (user.is_staff and user.is_superuser):
+        # OCX_ADMIN_TOKEN is the admin's credential: its user has the admin role.
+        user.is_staff = user.is_superuser = True
+        user.save(update_fields=["is_staff", "is_superuser"])
     return user

@@ -17,11 +17,13 @@ from ninja import Field, Router, Schema
 from ninja.errors import HttpError
 from pydantic.config import JsonDict
 
-from accounts import access, expiry, key_pages, key_services
+from accounts import access, expiry, key_pages, key_services, roles
+from accounts.api_auth import manager_auth, scope
 from accounts.models import ClientKey, UserBudget
 from usage.budgets import stored_budgets
 
-router = Router(tags=["keys"])
+# Admins, viewers (reads) and team managers (their teams' members only): accounts.api_auth.
+router = Router(tags=["keys"], auth=manager_auth)
 USER_MAX = 150  # django.contrib.auth's username length
 RPM_MAX = 2_147_483_647  # PositiveIntegerField on every supported database
 _DEPRECATED: JsonDict = {"deprecated": True}
@@ -161,6 +163,9 @@ def list_keys(
         rows = rows.filter(pk__lt=key_pages.cursor_value(cursor))
     if user is not None:
         rows = rows.filter(user__username=user)
+    allowed = scope(request)
+    if not allowed.every:
+        rows = rows.filter(user_id__in=list(allowed.user_ids))
     page = list(rows[: size + 1])
     more = len(page) > size
     page = page[:size]
@@ -192,7 +197,11 @@ def create_key(
     # A model-level refusal (e.g. name longer than 64) is a 400 (ocxsite.api's handler).
     username = payload.user.strip()
     # Automation may mint a key for a new user in one call; the answer says it did.
-    created = not get_user_model().objects.filter(username=username).exists()
+    owner = get_user_model().objects.filter(username=username).first()
+    created = owner is None
+    _check_scope(request, owner, username)
+    if budgets[0]:
+        _check_team_cap(request, owner, budgets[1])
     try:
         key, secret = access.client_key_create(
             username=username,
@@ -213,6 +222,35 @@ class UserBudgetsIn(Schema):
     budgets: list[dict[str, Any]] | None = Field(None, description="replaces the list")
 
 
+def _check_scope(request: HttpRequest, owner: Any, username: str) -> None:
+    """403 unless the caller may act on `owner`'s keys (a team manager: their teams' members;
+    they create no users)."""
+    if not scope(request).covers_user(owner.pk if owner is not None else -1):
+        raise HttpError(403, f"forbidden: {username} is not a member of a team you manage")
+
+
+def _check_team_cap(request: HttpRequest, owner: Any, budgets: Any) -> None:
+    """A team manager sets budgets up to their teams' (400 naming the team otherwise)."""
+    allowed = scope(request)
+    if allowed.every or owner is None:
+        return
+    problem = roles.budget_over_team(budgets, owner_id=owner.pk, team_ids=allowed.team_ids)
+    if problem is not None:
+        raise HttpError(400, problem)
+
+
+def _scoped_key(request: HttpRequest, key_id: int) -> None:
+    """404 for an unknown key, 403 for a key outside the caller's teams."""
+    allowed = scope(request)
+    if allowed.every:
+        return
+    owner_id = ClientKey.objects.filter(pk=key_id).values_list("user_id", flat=True).first()
+    if owner_id is None:
+        raise HttpError(404, "unknown or revoked key")
+    if not allowed.covers_user(owner_id):
+        raise HttpError(403, "forbidden: the key's user is not a member of a team you manage")
+
+
 def _user_budgets(row: UserBudget) -> dict[str, object]:
     return {
         "user": row.user.get_username(),
@@ -223,7 +261,11 @@ def _user_budgets(row: UserBudget) -> dict[str, object]:
 @router.get("/user-budgets", operation_id="list_user_budgets")
 def list_user_budgets(request: HttpRequest) -> dict[str, object]:
     """Every user with budgets (shared by all their keys)."""
-    return {"users": [_user_budgets(r) for r in UserBudget.objects.select_related("user")]}
+    rows = UserBudget.objects.select_related("user")
+    allowed = scope(request)
+    if not allowed.every:
+        rows = rows.filter(user_id__in=list(allowed.user_ids))
+    return {"users": [_user_budgets(r) for r in rows]}
 
 
 @router.put("/user-budgets/{username}", operation_id="set_user_budgets")
@@ -236,8 +278,11 @@ def set_user_budgets(
     given, value = _budgets(payload)
     if not given:
         raise HttpError(400, "give budget or budgets")
-    if not get_user_model().objects.filter(username=username).exists():
+    owner = get_user_model().objects.filter(username=username).first()
+    if owner is None:
         raise HttpError(404, f"no user {username}")
+    _check_scope(request, owner, username)
+    _check_team_cap(request, owner, value)
     key_services.user_budgets_set(username=username, budgets=value)
     return {"user": username, "budgets": key_services.user_budgets_get(username=username)}
 
@@ -253,6 +298,7 @@ def update_key(
         raise HttpError(400, "name must not contain NUL characters")
     if "name" in payload.model_fields_set and payload.name is None:
         raise HttpError(400, "name must be a string")
+    _scoped_key(request, key_id)
     models, rpm, budgets = _checked(payload, response)
     changes: dict[str, Any] = {}
     if payload.name is not None:
@@ -262,6 +308,8 @@ def update_key(
     if rpm[0]:
         changes["rpm_limit"] = rpm[1]
     if budgets[0]:
+        owner = ClientKey.objects.get(pk=key_id).user
+        _check_team_cap(request, owner, budgets[1])
         changes["budgets"] = budgets[1]
     expires_given, expires = _expiry(payload, timezone.now())
     if expires_given:
@@ -279,6 +327,7 @@ def rotate_key(
 ) -> dict[str, object]:
     """A new secret for the key, shown once (`key`); everything else stays, including its id,
     so its budgets keep counting. The old secret works for `graceSeconds` more (default 0)."""
+    _scoped_key(request, key_id)
     try:
         grace = expiry.grace_value(payload.graceSeconds if payload is not None else 0)
     except expiry.ExpiryError as exc:
@@ -292,6 +341,7 @@ def rotate_key(
 
 @router.delete("/{key_id}", operation_id="revoke_key")
 def revoke_key(request: HttpRequest, key_id: int) -> dict[str, object]:
+    _scoped_key(request, key_id)
     if not access.client_key_revoke(key_id=key_id):
         raise HttpError(404, "unknown or already revoked key")
     return {"success": True, "id": key_id}

@@ -81,6 +81,10 @@ class TeamProfile(models.Model):
     budgets = models.JSONField(default=list, blank=True, validators=[validate_budgets])
     # [] = no narrowing; else a member's request must name one of these (and pass its key's).
     allowed_models = models.JSONField(default=list, blank=True)
+    # Team managers (docs/people.md): they manage the keys, members and usage of this team.
+    managers = models.ManyToManyField(
+        settings.AUTH_USER_MODEL, related_name="managed_teams", blank=True
+    )
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -18,6 +18,9 @@ class TeamIn(Schema):
     allowedModels: list[str] | None = Field(
         None, description="narrows what members' keys may use; [] for no narrowing"
     )
+    managers: list[str] | None = Field(
+        None, description="usernames of the team's managers (docs/people.md); admins only"
+    )
 
 
 class TeamPut(Schema):
@@ -32,6 +35,7 @@ class TeamOut(Schema):
     members: list[str]
     budgets: list[dict[str, Any]]
     allowedModels: list[str]
+    managers: list[str]
 
 
 class TeamListOut(Schema):

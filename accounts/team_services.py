@@ -34,9 +34,10 @@ def team_set(
     members: object = _UNSET,
     budgets: object = _UNSET,
     allowed_models: object = _UNSET,
+    managers: object = _UNSET,
 ) -> Group:
     """Create the team `name` or change it; only the arguments given change (None or [] empty
-    a field). `members` are usernames.
+    a field). `members` and `managers` are usernames.
 
     Raises ValidationError naming the field (nothing is changed then)."""
     exists = Group.objects.filter(name=name).exists()
@@ -45,6 +46,7 @@ def team_set(
     if problem is not None:
         raise ValidationError(problem)
     users = None if members is _UNSET else _users(members)
+    manager_users = None if managers is _UNSET else _users(managers, field="managers")
     budget_value = None if budgets is _UNSET else key_services.budgets_value(budgets or None)
     models = None if allowed_models is _UNSET else _models(allowed_models)
     with transaction.atomic():
@@ -63,6 +65,8 @@ def team_set(
         profile.save()
         if users is not None:
             group.user_set.set(users)
+        if manager_users is not None:
+            profile.managers.set(manager_users)
         affected = before | {u.pk for u in users or ()}
         if affected:
             keys_bump(("user", str(pk)) for pk in affected)
@@ -82,17 +86,17 @@ def team_delete(*, name: str) -> bool:
     return True
 
 
-def _users(members: object) -> list[Any]:
+def _users(members: object, field: str = "members") -> list[Any]:
     if members is None:
         return []
     if not isinstance(members, list | tuple) or not all(isinstance(m, str) for m in members):
-        raise ValidationError("members must be a list of usernames")
+        raise ValidationError(f"{field} must be a list of usernames")
     wanted = list(dict.fromkeys(m.strip() for m in members))
     found = {u.get_username(): u for u in get_user_model().objects.filter(username__in=wanted)}
     for username in wanted:
         if username not in found:
             raise ValidationError(
-                f"members: unknown user {username!r} (create it with `ocx user create`)"
+                f"{field}: unknown user {username!r} (create it with `ocx user create`)"
             )
     return [found[u] for u in wanted]
 

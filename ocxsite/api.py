@@ -2,72 +2,20 @@
 
 from __future__ import annotations
 
-import secrets
-from typing import Any
-
-from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as ModelValidationError
 from django.db import DataError, InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
-from ninja.security import APIKeyHeader
-from ninja.utils import check_csrf
 
-from accounts import access
+from accounts import api_auth
 from providers.errors import ConfigError
 from server.db_unavailable import unavailable_response
 
-
-class ManagementAuth(APIKeyHeader):
-    """`Authorization: Bearer ocxm_…` of a staff user, or a staff session."""
-
-    param_name = "Authorization"
-    openapi_description = "Bearer <management token> (ocxm_…) or a staff session"
-    # Session writes are CSRF-checked (below); this also makes the Swagger UI at /api/docs send
-    # the page's CSRF token with its requests.
-    csrf = True
-
-    def __call__(self, request: HttpRequest) -> Any:
-        header = request.headers.get("Authorization", "")
-        if header:
-            scheme, _, token = header.partition(" ")
-            if scheme.lower() != "bearer" or not token:
-                return None
-            if _status_token(request, token.strip()):
-                return "ocx status"  # read-only: this one GET, nothing else
-            user = access.mgmt_user_for(token.strip())
-            if user is None:
-                return None
-            request.user = user  # type: ignore[assignment]
-            return user
-        user = getattr(request, "user", None)
-        if user is not None and user.is_authenticated:
-            if not user.is_staff:
-                raise HttpError(403, "staff access required")
-            # A session is a cookie the browser sends on its own: writes need Django's CSRF
-            # check (token, Origin/Referer), as the admin's forms do. Bearer calls need none.
-            if check_csrf(request) is not None:
-                raise HttpError(
-                    403, "CSRF check failed: send the csrftoken cookie's value as X-CSRFToken"
-                )
-            return user
-        return None
-
-    def authenticate(self, request: HttpRequest, key: str | None) -> Any:
-        return None  # __call__ does the work; kept for the OpenAPI security scheme
-
-
-def _status_token(request: HttpRequest, token: str) -> bool:
-    """`ocx status` on the server's host: the token `ocx serve` wrote to server.json."""
-    expected = settings.OCX_STATUS_TOKEN
-    return (
-        bool(expected)
-        and request.method == "GET"
-        and request.path_info == "/api/status"
-        and secrets.compare_digest(token.encode(), expected.encode())
-    )
+# Who may call which route: accounts.api_auth (docs/people.md); reads for viewers, writes for
+# admins unless a route names a wider rule.
+ManagementAuth = api_auth.StaffAuth
 
 
 api = NinjaAPI(
@@ -153,7 +101,8 @@ def _mount() -> None:
     api.add_router("/keys", keys_router)
     api.add_router("/teams", teams_router)
     api.add_router("/catalog", catalog_router)
-    api.add_router("/usage", usage_router)
+    # Team managers read their teams' usage (accounts.api_auth sets the request's scope).
+    api.add_router("/usage", usage_router, auth=api_auth.manager_auth)
     api.add_router("/alerts", alerts_router)
     api.add_router("", ops_router)
 

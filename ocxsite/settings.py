@@ -261,6 +261,8 @@ AUTHENTICATION_BACKENDS = [
     # First: refuses a locked-out user name or address before the password is checked.
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
+    # Viewers (staff, not superusers) read every admin page: docs/people.md.
+    "accounts.roles.ViewOnlyStaffBackend",
 ]
 AXES_ENABLED = OCX_LOGIN_FAILURE_LIMIT > 0
 AXES_FAILURE_LIMIT = max(OCX_LOGIN_FAILURE_LIMIT, 1)

@@ -30,7 +30,9 @@ def get_usage(
         )
     except selectors.UsageQueryError as exc:
         raise HttpError(400, str(exc)) from None
-    report = selectors.usage_report(query)
+    # A team manager's scope (accounts.api_auth): only their teams' members; None: everyone.
+    scope = getattr(request, "ocx_scope", None)
+    report = selectors.usage_report(query, users=scope.usernames() if scope else None)
     if format == "csv":
         response = HttpResponse(
             selectors.report_csv(report), content_type="text/csv; charset=utf-8"

@@ -7,7 +7,7 @@ import csv
 import datetime as dt
 import io
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -143,7 +143,7 @@ def usage_rows(
     return [{**row, **{name: row[name] or 0 for name in counters}} for row in rows]
 
 
-def usage_report(query: UsageQuery) -> dict[str, Any]:
+def usage_report(query: UsageQuery, users: Collection[str] | None = None) -> dict[str, Any]:
     """The `/api/usage` body: rows per group (camelCase counters) and the totals.
 
     `by=team` counts a request for each team its user is in at the time of the report (so the
@@ -152,7 +152,13 @@ def usage_report(query: UsageQuery) -> dict[str, Any]:
     columns = list(dict.fromkeys(c for name in query.by for c in GROUPS[name]))
     counters = list(REPORTED.values())
     raw = usage_rows(
-        since=query.since, until=query.until, group=columns, bucket=query.bucket, counters=counters
+        since=query.since,
+        until=query.until,
+        group=columns,
+        bucket=query.bucket,
+        counters=counters,
+        # `users`: only these users' requests (a team manager's teams).
+        filters=None if users is None else {"user__in": sorted(users)},
     )
     teams = _teams_of_users() if "team" in query.by else None
     keys = _keys({r["key_id"] for r in raw if r.get("key_id")}, query) if "key" in query.by else {}

@@ -88,6 +88,7 @@ def test_put_creates_then_preserves_omitted_fields(api: Api) -> None:
         "members": ["ann", "ben"],
         "budgets": [{"tokens": 5000, "period": "month"}],
         "allowedModels": ["combo/team", "cx/declared-model"],
+        "managers": [],
     }
     assert r.json() == {"success": True, "team": infra}
     # Members are Django's own group membership.
@@ -109,10 +110,10 @@ def test_put_creates_then_preserves_omitted_fields(api: Api) -> None:
     assert r.json()["team"]["allowedModels"] == []
 
     assert api.get().json() == {
-        "teams": [{"name": "infra", "members": ["cy"], "budgets": [], "allowedModels": []}]
+        "teams": [{"name": "infra", "members": ["cy"], "budgets": [], "allowedModels": [], "managers": []}]
     }
     assert api.get("/infra").json() == {
-        "team": {"name": "infra", "members": ["cy"], "budgets": [], "allowedModels": []}
+        "team": {"name": "infra", "members": ["cy"], "budgets": [], "allowedModels": [], "managers": []}
     }
 
 
@@ -167,7 +168,7 @@ def test_put_refuses_bad_input_and_changes_nothing(
     assert r.status_code == status, r.content
     assert r.json()["error"].startswith(message), r.json()
     assert api.get().json()["teams"] == [
-        {"name": "infra", "members": ["ann"], "budgets": [], "allowedModels": ["combo/team"]}
+        {"name": "infra", "members": ["ann"], "budgets": [], "allowedModels": ["combo/team"], "managers": []}
     ]
     assert keys_version() == version  # no worker was told of anything
 
@@ -353,6 +354,7 @@ def test_admin_adds_and_changes_a_team_with_members(api: Api) -> None:
         "members": ["ann", "ben"],
         "budgets": [{"tokens": 1000, "period": "day"}],
         "allowedModels": ["combo/team"],
+        "managers": [],
     }
 
     team = Group.objects.get(name="infra")
@@ -366,6 +368,7 @@ def test_admin_adds_and_changes_a_team_with_members(api: Api) -> None:
         "members": ["cy"],
         "budgets": [],
         "allowedModels": [],
+        "managers": [],
     }
     listing = client.get("/admin/accounts/team/").content.decode()
     assert "infra" in listing and "cy" in listing

@@ -790,6 +790,7 @@ def test_no_bootstrap_token_configured(settings: Any, client: Client) -> None:
 
 
 def test_management_token(client: Client) -> None:
+    get_user_model().objects.create_user("ops", is_staff=True)  # a viewer reads
     _, secret = access.mgmt_token_create(username="ops")
     assert secret.startswith("ocxm_")
     r = client.get(URL, HTTP_AUTHORIZATION=f"Bearer {secret}")
@@ -809,10 +810,10 @@ def test_revoked_management_token(client: Client) -> None:
 
 
 def test_non_staff_token_owner(client: Client) -> None:
+    # A token acts with its user's rights: a member's token is known (not 401) but may not read.
     token, secret = access.mgmt_token_create(username="ops")
-    token.user.is_staff = False
-    token.user.save()
-    assert client.get(URL, HTTP_AUTHORIZATION=f"Bearer {secret}").status_code == 401
+    assert not token.user.is_staff  # `ocx token create` changes no role
+    assert client.get(URL, HTTP_AUTHORIZATION=f"Bearer {secret}").status_code == 403
 
 
 def test_inactive_token_owner(client: Client) -> None:
@@ -828,7 +829,7 @@ def test_client_key_is_not_a_management_token(client: Client) -> None:
 
 
 def test_staff_session(client: Client) -> None:
-    user = get_user_model().objects.create_user("boss", password="pw", is_staff=True)
+    user = get_user_model().objects.create_user("boss", password="pw", is_staff=True, is_superuser=True)
     client.force_login(user)
     provider("a")
     assert client.get(URL).status_code == 200
@@ -853,7 +854,9 @@ def test_non_staff_session(client: Client) -> None:
         content_type="application/json",
     )
     assert r.status_code == 403
-    assert r.json() == {"error": "staff access required"}
+    assert r.json() == {
+        "error": "forbidden: the member role has no management API access (the portal is /me/)"
+    }
     assert selectors.config_dump() == before
 
 
