@@ -168,7 +168,7 @@ class ClientKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         name = obj.user.get_username()
         return format_html('<a href="?{}">{}</a>', urlencode({"user": name}), name)
 
-    @admin.action(description="Revoke selected keys")
+    @admin.action(description="Revoke selected keys", permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[ClientKey]) -> None:
         count = access.client_keys_revoke(keys=queryset)
         self.message_user(request, f"Revoked {count} key(s).", messages.SUCCESS)
@@ -233,7 +233,7 @@ class ManagementTokenAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    @admin.action(description="Revoke selected tokens")
+    @admin.action(description="Revoke selected tokens", permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[ManagementToken]) -> None:
         count = queryset.filter(revoked__isnull=True).update(revoked=timezone.now())
         self.message_user(request, f"Revoked {count} token(s).", messages.SUCCESS)
@@ -244,5 +244,6 @@ def _grace_text(grace: dt.timedelta) -> str:
     return dict(GRACE_CHOICES).get(seconds, f"{seconds} s").split(":")[0]
 
 
-# The Teams page (its own module; imported here so that the admin's autodiscovery finds it).
-from accounts import team_admin  # noqa: E402, F401
+# The Teams and Users pages (their own modules; imported here so that the admin's
+# autodiscovery finds them).
+from accounts import team_admin, user_admin  # noqa: E402, F401

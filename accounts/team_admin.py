@@ -1,5 +1,5 @@
 """The admin's Teams: Django groups with members, budgets and allowed models. It replaces the
-stock Groups page (in ocx every staff user is a superuser, so groups carry no permissions);
+stock Groups page (ocx's roles are not group permissions: docs/people.md);
 writes go through `team_services`, which tell every worker."""
 
 from __future__ import annotations
@@ -57,6 +57,13 @@ class TeamForm(forms.ModelForm):  # type: ignore[type-arg]
         required=False,
         widget=Picker("members", is_stacked=False),
     )
+    managers = forms.ModelMultipleChoiceField(
+        queryset=get_user_model().objects.order_by("username"),
+        required=False,
+        widget=Picker("managers", is_stacked=False),
+        help_text="Team managers manage this team's members and keys and see its usage "
+        "(docs/people.md); they need not be members.",
+    )
     budgets = forms.JSONField(required=False, initial=list, help_text=BUDGETS_HELP)
     allowed_models = forms.MultipleChoiceField(
         required=False,
@@ -76,6 +83,7 @@ class TeamForm(forms.ModelForm):  # type: ignore[type-arg]
             profile = TeamProfile.objects.filter(group_id=self.instance.pk).first()
             self.fields["members"].initial = list(self.instance.user_set.all())
             if profile is not None:
+                self.fields["managers"].initial = list(profile.managers.all())
                 stored = list(profile.allowed_models)
                 self.fields["budgets"].initial = profile.budgets
                 self.fields["allowed_models"].initial = stored
@@ -112,7 +120,7 @@ class TeamAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     form = TeamForm
     list_display = ("name", "member_count", "member_list", "budget_list", "model_list")
     search_fields = ("name", "user__username")
-    fields = ("name", "members", "budgets", "budget_use", "allowed_models")
+    fields = ("name", "members", "managers", "budgets", "budget_use", "allowed_models")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Team]:
         return (
@@ -163,6 +171,7 @@ class TeamAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             members=[u.get_username() for u in data.get("members") or []],
             budgets=data.get("budgets") or [],
             allowed_models=data.get("allowed_models") or [],
+            managers=[u.get_username() for u in data.get("managers") or []],
         )
         obj.pk = obj.id = group.pk
         obj._state.adding = False

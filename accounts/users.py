@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
+from accounts import roles
 from accounts.models import ClientKey, ManagementToken
 
 # Used when the settings name no validators: an admin login deserves a real password.
@@ -36,35 +37,60 @@ def _validators() -> list[Any]:
 @dataclass(frozen=True)
 class UserRow:
     username: str
+    role: str  # accounts.roles: admin, viewer or member
     is_staff: bool
     is_active: bool
     has_password: bool
     active_keys: int
 
 
-def user_create(*, username: str, password: str | None, is_staff: bool = False) -> AbstractBaseUser:
-    """Create a user; `password` None = no login (a key-only user). Staff users administer
-    ocx: the whole admin at /admin/ and the management API.
+def user_create(
+    *, username: str, password: str | None, is_staff: bool = False, role: str | None = None
+) -> AbstractBaseUser:
+    """Create a user; `password` None = no login (a key-only user). `role` (accounts.roles):
+    admin (everything), viewer (reads the admin and the API) or member (the portal only);
+    `is_staff` alone means admin, as `--staff` always did.
 
-    Raises ValidationError (an existing name, an empty name, a password the validators refuse).
-    """
+    Raises ValidationError (an existing name, an empty name, an unknown role, a password the
+    validators refuse)."""
     user_model = get_user_model()
     username = username.strip()
+    staff, superuser = _flags(role or (roles.ADMIN if is_staff else roles.MEMBER))
     with transaction.atomic():
         if user_model.objects.filter(username=username).exists():
             raise ValidationError(f"user {username} already exists")
-        # A staff user here is the team's ocx administrator: every admin page, not only the
-        # models someone granted it (Django's plain is_staff shows an empty admin).
-        user = user_model(username=username, is_staff=is_staff, is_superuser=is_staff)
+        user = user_model(username=username, is_staff=staff, is_superuser=superuser)
         if password is None:
-            if is_staff:
-                raise ValidationError("a staff user needs a password to log in to /admin/")
+            if staff:
+                raise ValidationError("an admin or viewer needs a password to log in to /admin/")
             user.set_unusable_password()
         else:
             password_validation.validate_password(password, user, _validators())
             user.set_password(password)
         user.full_clean()
         user.save()
+    return user
+
+
+def _flags(role: str) -> tuple[bool, bool]:
+    try:
+        return roles.role_flags(role)
+    except ValueError as exc:
+        raise ValidationError(str(exc)) from None
+
+
+def user_set_role(*, username: str, role: str) -> AbstractBaseUser:
+    """Give a user the role admin, viewer or member (team managers are named per team:
+    `team_services.team_set(managers=...)`)."""
+    staff, superuser = _flags(role)
+    user_model = get_user_model()
+    with transaction.atomic():
+        user = user_model.objects.select_for_update().filter(username=username).first()
+        if user is None:
+            raise ValidationError(f"no user {username}")
+        user.is_staff, user.is_superuser = staff, superuser
+        user.full_clean(exclude=["password"])
+        user.save(update_fields=["is_staff", "is_superuser"])
     return user
 
 
@@ -132,6 +158,7 @@ def users_list() -> list[UserRow]:
     return [
         UserRow(
             username=u.get_username(),
+            role=roles.role_of(u),
             is_staff=u.is_staff,
             is_active=u.is_active,
             has_password=u.has_usable_password(),

@@ -516,7 +516,7 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         clear_on_commit(combo_ids)
         provider_services.config_bump(("combo", c) for c in combo_ids)
 
-    @admin.action(description="Set mode to automatic (clear the override)")
+    @admin.action(description="Set mode to automatic (clear the override)", permissions=["change"])
     def clear_override(self, request: HttpRequest, queryset: Any) -> None:
         with transaction.atomic():
             pinned = queryset.exclude(override_target=None)
@@ -526,7 +526,7 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             provider_services.config_bump(("combo", c) for c in combo_ids)
         self.message_user(request, f"{count} combo(s) set to automatic.", messages.SUCCESS)
 
-    @admin.action(description="Clear cooldowns (reset the routing state)")
+    @admin.action(description="Clear cooldowns (reset the routing state)", permissions=["change"])
     def reset_state(self, request: HttpRequest, queryset: Any) -> None:
         ids = list(queryset.values_list("combo_id", flat=True))
         for combo_id in ids:

@@ -29,8 +29,8 @@ commands:
   provider list|show|add|set|remove ...   (add NAME --preset openai|anthropic|chatgpt|...)
   key create --user U|list|revoke ID
   team set NAME [--member U]... [--budget SPEC]... [--allowed-model M]...|list|show NAME|remove NAME
-  token create --user U [--name N]|list|revoke ID   (management tokens of staff users)
-  user create NAME [--staff] [--password-stdin]|list|deactivate NAME
+  token create --user U [--name N]|list|revoke ID   (act with their user's role)
+  user create NAME [--role admin|viewer|member] [--password-stdin]|set NAME --role R|list|...
   doctor [--probe] [--json] [--host H]  (checks the setup; non-zero exit on a failure)
   config load FILE [--replace]|dump
   catalog write PATH|show

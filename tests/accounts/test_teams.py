@@ -110,10 +110,18 @@ def test_put_creates_then_preserves_omitted_fields(api: Api) -> None:
     assert r.json()["team"]["allowedModels"] == []
 
     assert api.get().json() == {
-        "teams": [{"name": "infra", "members": ["cy"], "budgets": [], "allowedModels": [], "managers": []}]
+        "teams": [
+            {"name": "infra", "members": ["cy"], "budgets": [], "allowedModels": [], "managers": []}
+        ]
     }
     assert api.get("/infra").json() == {
-        "team": {"name": "infra", "members": ["cy"], "budgets": [], "allowedModels": [], "managers": []}
+        "team": {
+            "name": "infra",
+            "members": ["cy"],
+            "budgets": [],
+            "allowedModels": [],
+            "managers": [],
+        }
     }
 
 
@@ -168,7 +176,13 @@ def test_put_refuses_bad_input_and_changes_nothing(
     assert r.status_code == status, r.content
     assert r.json()["error"].startswith(message), r.json()
     assert api.get().json()["teams"] == [
-        {"name": "infra", "members": ["ann"], "budgets": [], "allowedModels": ["combo/team"], "managers": []}
+        {
+            "name": "infra",
+            "members": ["ann"],
+            "budgets": [],
+            "allowedModels": ["combo/team"],
+            "managers": [],
+        }
     ]
     assert keys_version() == version  # no worker was told of anything
 
@@ -287,14 +301,14 @@ def test_cli_set_list_show_remove(api: Api) -> None:
     assert (code, err) == (0, "")
     assert out == (
         "Team infra\n  members: ann, ben\n  budgets: 2000000 tokens per month\n"
-        "  allowed models: combo/team\n"
+        "  allowed models: combo/team\n  managers: none\n"
     )
     # What is not given stays; --add-member / --remove-member change the member list.
     code, out, _ = ocx("team", "set", "infra", "--add-member", "cy", "--remove-member", "ann")
     assert code == 0 and "  members: ben, cy\n" in out and "2000000 tokens per month" in out
     code, out, _ = ocx("team", "set", "infra", "--budget", "none", "--allowed-model", "none")
     assert code == 0
-    assert out.endswith("  budgets: none\n  allowed models: any\n")
+    assert out.endswith("  budgets: none\n  allowed models: any\n  managers: none\n")
     code, out, _ = ocx("team", "list")
     assert (code, out) == (0, "infra  members: ben, cy  budgets: none  models: any\n")
     code, out, _ = ocx("team", "show", "infra")

@@ -829,7 +829,9 @@ def test_client_key_is_not_a_management_token(client: Client) -> None:
 
 
 def test_staff_session(client: Client) -> None:
-    user = get_user_model().objects.create_user("boss", password="pw", is_staff=True, is_superuser=True)
+    user = get_user_model().objects.create_user(
+        "boss", password="pw", is_staff=True, is_superuser=True
+    )
     client.force_login(user)
     provider("a")
     assert client.get(URL).status_code == 200

@@ -48,7 +48,7 @@ def test_user_create_staff_from_stdin_can_log_in(
     stdin(monkeypatch, PASSWORD + "\n")
     code, out, err = run(capsys, "user", "create", "alice", "--staff", "--password-stdin")
     assert (code, err) == (0, "")
-    assert out == "Created staff user (admin login at /admin/) alice.\n"
+    assert out == "Created admin alice (admin login at /admin/).\n"
     user = get_user_model().objects.get(username="alice")
     assert user.is_staff and user.is_active and user.check_password(PASSWORD)
     from django.http import HttpRequest
@@ -104,7 +104,7 @@ def test_user_create_existing_and_staff_without_password_refused(
     code, _, err = run(capsys, "user", "create", "carol", "--no-password")
     assert (code, err) == (1, "ocx: user carol already exists\n")
     code, _, err = run(capsys, "user", "create", "dave", "--staff", "--no-password")
-    assert (code, err) == (1, "ocx: a staff user needs a password to log in to /admin/\n")
+    assert (code, err) == (1, "ocx: an admin or viewer needs a password to log in to /admin/\n")
     assert not get_user_model().objects.filter(username="dave").exists()
 
 
@@ -112,7 +112,7 @@ def test_user_list_and_deactivate_stops_keys(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert run(capsys, "user", "list")[1] == (
-        "No users. Create one with: ocx user create NAME --staff\n"
+        "No users. Create one with: ocx user create NAME --role admin\n"
     )
     stdin(monkeypatch, PASSWORD + "\n")
     assert run(capsys, "user", "create", "alice", "--staff", "--password-stdin")[0] == 0
@@ -122,14 +122,14 @@ def test_user_list_and_deactivate_stops_keys(
     code, out, _ = run(capsys, "user", "list")
     assert code == 0
     assert out.splitlines() == [
-        "alice  staff  active    0 key(s)",
-        "bob    user   active    1 key(s)  (no password)",
+        "alice  admin   active    0 key(s)",
+        "bob    member  active    1 key(s)  (no password)",
     ]
     code, out, err = run(capsys, "user", "deactivate", "bob")
     assert (code, out, err) == (0, "Deactivated bob; 1 active key(s) no longer work.\n", "")
     assert access.digest(secret) not in access.client_keys_active()
     assert run(capsys, "user", "list")[1].splitlines()[1] == (
-        "bob    user   inactive  1 key(s)  (no password)"
+        "bob    member  inactive  1 key(s)  (no password)"
     )
     assert run(capsys, "user", "deactivate", "bob")[2] == "ocx: user bob is already inactive\n"
     assert run(capsys, "user", "deactivate", "nobody")[2] == "ocx: no user nobody\n"
@@ -485,7 +485,7 @@ def test_user_made_by_key_create_has_no_password_and_can_be_deactivated(
     carol = get_user_model().objects.get(username="carol")
     assert not carol.has_usable_password()
     assert run(capsys, "user", "list")[1].splitlines() == [
-        "carol  user   active    1 key(s)  (no password)"
+        "carol  member  active    1 key(s)  (no password)"
     ]
     # A row from before unusable passwords were set (password "") deactivates too.
     get_user_model().objects.filter(username="carol").update(password="")

@@ -22,6 +22,7 @@ class _Parser(argparse.ArgumentParser):
 USAGE = """\
 ocx team set NAME [--member USER]... [--add-member USER]... [--remove-member USER]...
                      [--no-members] [--budget SPEC|none]... [--allowed-model MODEL|none]...
+                     [--manager USER|none]...
        ocx team list
        ocx team show NAME
        ocx team remove NAME
@@ -32,6 +33,8 @@ examples:
   ocx team set infra --add-member carl         # adds carl; what is not given stays as it is
   ocx team set infra --budget none             # removes the team's budgets
   ocx team set infra --allowed-model none      # no narrowing of models
+  ocx team set infra --manager ann             # ann manages infra's keys and members
+  ocx team set infra --manager none            # no managers
   ocx team list
   ocx team show infra
   ocx team remove infra                        # the members stay users
@@ -90,6 +93,7 @@ class Command(ExamplesCommand):
         p.add_argument("--no-members", action="store_true")
         p.add_argument("--budget", action="append")
         p.add_argument("--allowed-model", action="append")
+        p.add_argument("--manager", action="append")
         ns = p.parse_args(rest[1:])
         name = rest[0]
         changes: dict[str, Any] = {}
@@ -108,6 +112,9 @@ class Command(ExamplesCommand):
         if ns.allowed_model is not None:
             models = [m.strip() for m in ns.allowed_model if m.strip()]
             changes["allowed_models"] = [] if models == ["none"] else models
+        if ns.manager is not None:
+            managers = [m.strip() for m in ns.manager if m.strip()]
+            changes["managers"] = [] if managers == ["none"] else managers
         try:
             team_services.team_set(name=name, **changes)
         except ValidationError as exc:
@@ -122,6 +129,7 @@ class Command(ExamplesCommand):
         self.stdout.write(f"  members: {', '.join(row.members) or 'none'}")
         self.stdout.write(f"  budgets: {row.describe_budgets()}")
         self.stdout.write(f"  allowed models: {', '.join(row.allowed_models) or 'any'}")
+        self.stdout.write(f"  managers: {', '.join(row.managers) or 'none'}")
 
 
 def _budgets(specs: list[str]) -> list[dict[str, object]]:

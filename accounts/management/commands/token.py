@@ -17,7 +17,8 @@ ocx token create --user USER [--name NAME]
        ocx token revoke ID
 """
 EPILOG = """\
-A management token (ocxm_...) authorises /api/* as that user; the user is made staff.
+A management token (ocxm_...) authorises /api/* with that user's role (docs/people.md):
+an admin's writes anything, a viewer's reads, a team manager's manages their teams.
 `list` shows each token's id, prefix, user, name, creation and state (never the token);
 `revoke` refuses the token from the next request on.
 
@@ -35,7 +36,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 class Command(ExamplesCommand):
-    help = "Create, list and revoke management tokens (a token's user is made staff)."
+    help = "Create, list and revoke management tokens (a token acts with its user's role)."
 
     usage_line = USAGE
     examples = EPILOG
