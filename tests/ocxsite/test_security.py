@@ -334,12 +334,15 @@ def test_staff_session_has_admin_and_api_access(users: Server) -> None:
     assert "combos" in r.json()
 
 
-def test_management_tokens_follow_staff_status(users: Server) -> None:
+def test_management_tokens_follow_their_users_role(users: Server) -> None:
     server = users
     name = "tok-" + uuid.uuid4().hex[:6]
     out = ocx(server, "token", "create", "--user", name)
     token = next(line for line in out.splitlines() if line.startswith("ocxm_"))
     bearer = {"Authorization": f"Bearer {token}"}
+    # `ocx token create` made a member: known (not 401), allowed nothing.
+    assert server.http.get("/api/combos", headers=bearer).status_code == 403
+    ocx(server, "user", "set", name, "--role", "viewer")
     assert server.http.get("/api/combos", headers=bearer).status_code == 200
     assert server.http.get("/api/keys", headers=bearer).status_code == 200
     # Stored hashed, like client keys.
@@ -356,7 +359,7 @@ def test_management_tokens_follow_staff_status(users: Server) -> None:
         "shell",
         "-c",
         "from django.contrib.auth import get_user_model; "
-        f"get_user_model().objects.filter(username={name!r}).update(is_staff=False)",
+        f"get_user_model().objects.filter(username={name!r}).update(is_active=False)",
     )
     assert server.http.get("/api/combos", headers=bearer).status_code == 401
     assert server.http.get("/api/keys", headers=bearer).status_code == 401
