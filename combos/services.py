@@ -166,6 +166,12 @@ def config_load(*, doc: object, replace: bool = False) -> dict[str, int]:
         else:
             merged = dict(doc)
         providers_raw = merged.get("providers")
+        # Whether each provider's entry gives its key itself (before a preset fills apiKeyEnv):
+        # a changed address needs it (providers.services.key_follow_problem).
+        key_given = {
+            name: isinstance(raw, Mapping) and ("apiKey" in raw or "apiKeyEnv" in raw)
+            for name, raw in (providers_raw.items() if isinstance(providers_raw, Mapping) else ())
+        }
         if isinstance(providers_raw, Mapping):
             # `"preset": "openai"` works in a config document as in PUT /api/providers.
             merged["providers"] = {
@@ -185,7 +191,7 @@ def config_load(*, doc: object, replace: bool = False) -> dict[str, int]:
         for name in set(stored) - set(providers_doc):
             stored[name].delete()
         for name, raw in providers_doc.items():
-            provider_services._write_provider(name, raw, stored.get(name))
+            provider_services._write_provider(name, raw, stored.get(name), key_given.get(name))
         for combo_id, raw in combos_doc.items():
             _write_combo(validate.normalize_combo(combo_id, raw), None)
         state, _ = ConfigState.objects.select_for_update().get_or_create(pk=1)

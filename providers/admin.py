@@ -126,7 +126,29 @@ class ProviderForm(forms.ModelForm):  # type: ignore[type-arg]
             issues = validate.validate_provider(name, self.raw(), combo_ids=combo_ids)
             for issue in issues:
                 self.add_error(None, issue.message)
+        self._check_key_follows(cleaned)
         return cleaned
+
+    def address_moved(self) -> bool:
+        moved = {"adapter", "base_url"} & set(self.changed_data)
+        return self.instance.pk is not None and bool(moved)
+
+    def _check_key_follows(self, cleaned: dict[str, Any]) -> None:
+        """A changed address needs the key again (services.key_follow_problem): a typed key,
+        a changed key variable, or the stored key removed."""
+        if not self.address_moved() or self.errors:
+            return
+        stored = Provider.objects.filter(pk=self.instance.pk).first()
+        given = bool(cleaned.get("api_key") or cleaned.get("clear_api_key"))
+        given = given or "api_key_env" in self.changed_data
+        problem = services.key_follow_problem(
+            stored,
+            adapter=cleaned.get("adapter") or "",
+            base_url=cleaned.get("base_url") or "",
+            key_given=given,
+        )
+        if problem is not None:
+            self.add_error("api_key", problem.removeprefix("apiKey: "))
 
 
 class ProviderModelFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
@@ -298,7 +320,8 @@ class ProviderAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if secret:
             obj.api_key_sealed = seal(secret)
             obj.api_key_hint = mask(secret)
-        elif form.cleaned_data.get("clear_api_key"):
+        elif form.cleaned_data.get("clear_api_key") or form.address_moved():
+            # A new address given a new key variable: the sealed key stays behind.
             obj.api_key_sealed = ""
             obj.api_key_hint = ""
         super().save_model(request, obj, form, change)

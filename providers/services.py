@@ -99,10 +99,49 @@ def _issues_to_error(issues: list[validate.Issue], status: int = 400) -> ConfigE
     return ConfigError(texts[0], status=status, issues=[str(i) for i in issues])
 
 
-def _write_provider(name: str, raw: Mapping[str, object], existing: Provider | None) -> Provider:
+def key_follow_problem(
+    stored: Provider | None, *, adapter: str, base_url: str, key_given: bool
+) -> str | None:
+    """The one rule for every interface (API, CLI, config load, admin form): a write that
+    changes a provider's `baseUrl` or adapter must give its key (`apiKey` or `apiKeyEnv`) again,
+    so that a stored key is never sent to an address it was not given for. The message names
+    the field (None: the write may go on)."""
+    if stored is None or key_given or not (stored.api_key_sealed or stored.api_key_env):
+        return None
+    for field, new, old in (
+        ("baseUrl", base_url, stored.base_url),
+        ("adapter", adapter, stored.adapter),
+    ):
+        if new != old:
+            return (
+                f"apiKey: {field} of provider {stored.name} changes ({old} -> {new}): give "
+                "apiKey or apiKeyEnv again (ocx provider set: --api-key-stdin or --api-key-env); "
+                "a stored key never follows a new address"
+            )
+    return None
+
+
+def _write_provider(
+    name: str, raw: Mapping[str, object], existing: Provider | None, key_given: bool | None = None
+) -> Provider:
+    """`key_given`: the writer gave the key (None: `apiKey` or `apiKeyEnv` is in `raw`)."""
     api_key = raw.get("apiKey")
     spec = validate.normalize_provider(name, raw)
+    if key_given is None:
+        key_given = "apiKey" in raw or "apiKeyEnv" in raw
+    problem = key_follow_problem(
+        existing, adapter=spec.adapter, base_url=spec.base_url, key_given=key_given
+    )
+    if problem is not None:
+        raise ConfigError(problem, extra={"field": "apiKey"})
+    moved = existing is not None and (
+        existing.base_url != spec.base_url or existing.adapter != spec.adapter
+    )
     provider = existing or Provider(name=name)
+    if moved and not (isinstance(api_key, str) and api_key):
+        # An address given its key variable again: the sealed key stays behind.
+        provider.api_key_sealed = ""
+        provider.api_key_hint = ""
     provider.adapter = spec.adapter
     provider.base_url = spec.base_url
     provider.api_key_env = spec.api_key_env or ""
@@ -146,11 +185,16 @@ def _write_provider(name: str, raw: Mapping[str, object], existing: Provider | N
     return provider
 
 
-def provider_set(*, name: str, raw: object) -> Provider:
-    """Create or replace a provider. `apiKey` omitted keeps the stored key (write-only).
-    `preset` fills the other fields from `providers.presets`; explicit fields win."""
+def provider_set(*, name: str, raw: object, key_given: bool | None = None) -> Provider:
+    """Create or replace a provider. `apiKey` omitted keeps the stored key (write-only), unless
+    the address changes (`key_follow_problem`). `preset` fills the other fields from
+    `providers.presets`; explicit fields win. `key_given`: the caller's own account of whether
+    the writer gave the key (the CLI, whose `raw` starts from the stored provider)."""
     if not isinstance(raw, Mapping):
         raise ConfigError("provider must be an object")
+    if key_given is None:
+        # Before the preset fills `apiKeyEnv` in: the writer's own fields count.
+        key_given = "apiKey" in raw or "apiKeyEnv" in raw
     raw = presets.expand(raw)
     name = name.strip() if isinstance(name, str) else name
     with transaction.atomic():
@@ -158,7 +202,7 @@ def provider_set(*, name: str, raw: object) -> Provider:
         if issues:
             raise _issues_to_error(issues)
         existing = Provider.objects.filter(name=name).first()
-        provider = _write_provider(name, raw, existing)
+        provider = _write_provider(name, raw, existing, key_given)
         provider_written.send(sender=Provider, name=name)
         config_bump([("provider", name)])
     return provider

@@ -177,9 +177,8 @@ def test_secret_is_write_only(api: Api, capsys: pytest.CaptureFixture[str]) -> N
 
 def test_omitted_api_key_keeps_stored_key(api: Api) -> None:
     api.put_ok("p", {**BASE, "apiKey": SECRET})
-    body = api.put_ok("p", {**BASE, "baseUrl": "https://other.example.com/v1"})
+    body = api.put_ok("p", {**BASE, "headers": {"x-team": "a"}})
     assert body["provider"]["apiKeySet"] is True
-    assert body["provider"]["baseUrl"] == "https://other.example.com/v1"
     assert unseal(Provider.objects.get(name="p").api_key_sealed) == SECRET
     # A new key replaces it; an explicit null removes it.
     api.put_ok("p", {**BASE, "apiKey": "sk-test-second"})
@@ -363,3 +362,43 @@ def test_error_bodies_never_echo_the_secret(api: Api) -> None:
     assert r.status_code == 400
     assert SECRET not in r.content.decode()
     assert not Provider.objects.exists()
+
+
+# --- a stored key never follows a new address (issue 44) -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"baseUrl": "https://evil.example.net/v1"}, "baseUrl"),
+        ({"adapter": "openai-responses"}, "adapter"),
+    ],
+)
+def test_a_new_address_without_the_key_is_refused(
+    api: Api, change: dict[str, Any], field: str
+) -> None:
+    api.put_ok("p", {**BASE, "apiKey": SECRET})
+    r = api.put({"name": "p", "provider": {**BASE, **change}})
+    assert r.status_code == 400
+    body = r.json()
+    assert body["field"] == "apiKey"
+    assert body["error"].startswith(f"apiKey: {field} of provider p changes")
+    assert SECRET not in r.content.decode()
+    stored = Provider.objects.get(name="p")
+    assert (stored.base_url, stored.adapter) == (BASE["baseUrl"], BASE["adapter"])
+    assert unseal(stored.api_key_sealed) == SECRET
+
+
+def test_a_new_address_with_the_key_again(api: Api) -> None:
+    api.put_ok("p", {**BASE, "apiKey": SECRET})
+    moved = {**BASE, "baseUrl": "https://other.example.com/v1"}
+    body = api.put_ok("p", {**moved, "apiKey": "sk-test-second"})
+    assert body["provider"]["baseUrl"] == "https://other.example.com/v1"
+    assert unseal(Provider.objects.get(name="p").api_key_sealed) == "sk-test-second"
+    # Given a key variable instead, the sealed key stays behind (never sent to the new URL).
+    body = api.put_ok("p", {**BASE, "apiKeyEnv": "TEAM_OTHER_KEY"})
+    stored = Provider.objects.get(name="p")
+    assert stored.api_key_sealed == "" and stored.api_key_env == "TEAM_OTHER_KEY"
+    # A provider with no key at all moves freely.
+    api.put_ok("q", BASE)
+    api.put_ok("q", moved)

@@ -210,7 +210,12 @@ class Command(ExamplesCommand):
             raw.pop("pricingProvider", None)
         elif ns.pricing_provider is not None:
             raw["pricingProvider"] = ns.pricing_provider.strip()
-        provider = services.provider_set(name=ns.name, raw=raw)
+        # `raw` starts from the stored provider: only what this command gives counts as the key
+        # given again (a changed address needs it: services.key_follow_problem).
+        given = bool(ns.api_key_stdin or (ns.api_key_env and ns.api_key_env != "-"))
+        if ns.from_json:
+            given = given or "apiKey" in raw or "apiKeyEnv" in raw
+        provider = services.provider_set(name=ns.name, raw=raw, key_given=given)
         self.stdout.write(f"Saved provider {provider.name}.")
 
     def _add(self, rest: list[str]) -> None:
