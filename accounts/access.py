@@ -22,6 +22,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from accounts.models import ClientKey, ManagementToken, TeamProfile, UserBudget
+from audit import trail
 from providers.services import keys_bump
 from usage.budgets import ScopedBudget, scoped_budgets, stored_budgets
 
@@ -164,6 +165,8 @@ def client_keys_revoke(*, keys: QuerySet[ClientKey]) -> int:
         # The ids first: the notice names them (an admin queryset may be DISTINCT, which
         # cannot be locked; a key revoked meanwhile is only re-read by the workers).
         ids = list(keys.filter(revoked__isnull=True).values_list("pk", flat=True))
+        for pk in ids:
+            trail.touch("key", pk)  # an update sends no signal: the audit trail is told
         count = ClientKey.objects.filter(pk__in=ids, revoked__isnull=True).update(
             revoked=timezone.now()
         )
@@ -279,11 +282,18 @@ def mgmt_token_create(*, username: str, name: str = "") -> tuple[ManagementToken
 def mgmt_token_revoke(*, token_id: int) -> bool:
     """Revoke one management token; False when there is no unrevoked token `token_id`. The
     next request with it is refused (tokens are looked up on every request, not cached)."""
-    return bool(
-        ManagementToken.objects.filter(pk=token_id, revoked__isnull=True).update(
+    return mgmt_tokens_revoke(tokens=ManagementToken.objects.filter(pk=token_id)) == 1
+
+
+def mgmt_tokens_revoke(*, tokens: QuerySet[ManagementToken]) -> int:
+    """Revoke the unrevoked tokens among `tokens`; returns how many."""
+    with transaction.atomic():
+        ids = list(tokens.filter(revoked__isnull=True).values_list("pk", flat=True))
+        for pk in ids:
+            trail.touch("token", pk)  # an update sends no signal: the audit trail is told
+        return ManagementToken.objects.filter(pk__in=ids, revoked__isnull=True).update(
             revoked=timezone.now()
         )
-    )
 
 
 def mgmt_user_for(secret: str) -> AbstractBaseUser | None:

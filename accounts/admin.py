@@ -235,7 +235,7 @@ class ManagementTokenAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.action(description="Revoke selected tokens", permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[ManagementToken]) -> None:
-        count = queryset.filter(revoked__isnull=True).update(revoked=timezone.now())
+        count = access.mgmt_tokens_revoke(tokens=queryset)
         self.message_user(request, f"Revoked {count} token(s).", messages.SUCCESS)
 
 

@@ -9,3 +9,8 @@ class AccountsConfig(AppConfig):
     name = "accounts"
     verbose_name = "Access"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from accounts import audit_kinds
+
+        audit_kinds.register()

@@ -12,7 +12,6 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Count, Q
-from django.utils import timezone
 
 from accounts import roles
 from accounts.models import ClientKey, ManagementToken
@@ -139,9 +138,7 @@ def user_remove(*, username: str) -> int:
         if user is None:
             raise ValidationError(f"no user {username}")
         revoked = access.client_keys_revoke(keys=ClientKey.objects.filter(user=user))
-        ManagementToken.objects.filter(user=user, revoked__isnull=True).update(
-            revoked=timezone.now()
-        )
+        access.mgmt_tokens_revoke(tokens=ManagementToken.objects.filter(user=user))
         if user.is_active or user.has_usable_password():
             user.is_active = False
             user.set_unusable_password()

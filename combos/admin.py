@@ -15,6 +15,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
+from audit import trail
 from combos import selectors, services
 from combos.models import Combo, ComboTarget
 from combos.state_reset import clear_on_commit
@@ -521,6 +522,8 @@ class ComboAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         with transaction.atomic():
             pinned = queryset.exclude(override_target=None)
             combo_ids = list(pinned.values_list("combo_id", flat=True))
+            for combo_id in combo_ids:
+                trail.touch("combo", combo_id)  # an update sends no signal
             count = pinned.update(override_target=None)
             clear_on_commit(combo_ids)
             provider_services.config_bump(("combo", c) for c in combo_ids)

@@ -12,3 +12,6 @@ class CombosConfig(AppConfig):
         from providers.services import provider_written
 
         provider_written.connect(on_provider_written, dispatch_uid="combos-provider-reset")
+        from combos import audit_kinds
+
+        audit_kinds.register()

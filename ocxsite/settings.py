@@ -183,6 +183,8 @@ OCX_REQUEST_LOG_RETENTION_DAYS = env_int("OCX_REQUEST_LOG_RETENTION_DAYS", 14, m
 # Usage rollups (usage app): written by the request-log writer even when the log is off.
 OCX_USAGE = env_bool("OCX_USAGE", True)
 OCX_USAGE_RETENTION_DAYS = env_int("OCX_USAGE_RETENTION_DAYS", 90, minimum=1)
+# The audit trail (app `audit`): entries older than this are deleted.
+OCX_AUDIT_RETENTION_DAYS = env_int("OCX_AUDIT_RETENTION_DAYS", 365, minimum=1)
 OCX_LOG_JSON = env_bool("OCX_LOG_JSON", False)
 # A worker moves its startup heap out of the cyclic collector once it serves (lifecycle).
 OCX_GC_FREEZE = env_bool("OCX_GC_FREEZE", True)
@@ -235,6 +237,7 @@ INSTALLED_APPS = [
     "dashboard",
     "accounts",
     "alerts",
+    "audit",  # the audit trail (docs/people.md)
     "server",  # its management command: `ocx status`
     "ninja",  # Swagger UI / ReDoc served from our own static files (no CDN)
     "axes",  # admin login throttling
@@ -251,6 +254,8 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    # Who changes things, through which interface: the audit trail's origin.
+    "audit.middleware.audit_origin",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "server.security_headers.content_security_policy",
     # Last, as django-axes asks: turns a locked-out login into its lockout answer.

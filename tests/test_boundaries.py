@@ -65,6 +65,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("combos",),
     ("quota",),
     ("providers",),
+    ("audit",),
     ("routing",),
 )
 RANK = {pkg: i for i, row in enumerate(LAYERS) for pkg in row}
