@@ -50,9 +50,7 @@ def read_team(group_id: str) -> trail.Snapshot:
     fields: dict[str, object] = {
         "name": group.name,
         "members": sorted(group.user_set.values_list("username", flat=True)),
-        "managers": sorted(profile.managers.values_list("username", flat=True))
-        if profile
-        else [],
+        "managers": sorted(profile.managers.values_list("username", flat=True)) if profile else [],
         "budgets": profile.budgets if profile else [],
         "allowed_models": profile.allowed_models if profile else [],
     }

@@ -105,9 +105,11 @@ def _mount() -> None:
     api.add_router("/usage", usage_router, auth=api_auth.manager_auth)
     api.add_router("/alerts", alerts_router)
     api.add_router("", ops_router)
+    from accounts.portal_api import router as portal_router
     from audit.api import router as audit_router
 
     api.add_router("/audit", audit_router)
+    api.add_router("/me", portal_router)
 
 
 _mount()

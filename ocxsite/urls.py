@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponsePermanentRedirect
-from django.urls import path, re_path
+from django.urls import include, path, re_path
 
 from dashboard import views as dashboard_views
 from ocxsite import views
@@ -52,6 +52,7 @@ urlpatterns = [
     ),
     path("admin/", admin.site.urls),
     path("api/", api.urls),
+    path("me/", include("accounts.portal_urls")),  # the portal (docs/people.md)
     path("healthz", views.healthz),
     path("readyz", views.readyz),
     path("metrics", views.metrics_view),
