@@ -213,7 +213,7 @@ def usage_summary(user: Any, *, now: dt.datetime | None = None) -> dict[str, obj
 def managed_view(user: Any) -> list[dict[str, object]]:
     """For a team manager: each team they manage with its members, their keys and this month's
     usage per member."""
-    out = []
+    out: list[dict[str, object]] = []
     _, month = _starts(timezone.now())
     for group in roles.managed_teams(user):
         members = list(group.user_set.order_by("username"))

@@ -28,7 +28,6 @@ def _context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
         "site_title": "ocx",
         "title": extra.pop("title", "My keys and usage"),
         "has_permission": False,  # the admin's navigation is not the portal's
-        "sso_enabled": bool(settings.OCX_OIDC_ISSUER),
         "is_staff": getattr(request.user, "is_staff", False),
         **extra,
     }

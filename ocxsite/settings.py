@@ -188,8 +188,6 @@ OCX_USAGE_RETENTION_DAYS = env_int("OCX_USAGE_RETENTION_DAYS", 90, minimum=1)
 OCX_PORTAL_MEMBERS_CREATE_KEYS = env_bool("OCX_PORTAL_MEMBERS_CREATE_KEYS", True)
 OCX_PORTAL_MAX_KEYS = env_int("OCX_PORTAL_MAX_KEYS", 5, minimum=0)
 OCX_PORTAL_MAX_EXPIRY_DAYS = env_int("OCX_PORTAL_MAX_EXPIRY_DAYS", 0, minimum=0)
-# Sign-in with the company's identity provider (OpenID Connect; docs/people.md "SSO").
-OCX_OIDC_ISSUER = os.environ.get("OCX_OIDC_ISSUER", "").strip().rstrip("/")
 # The audit trail (app `audit`): entries older than this are deleted.
 OCX_AUDIT_RETENTION_DAYS = env_int("OCX_AUDIT_RETENTION_DAYS", 365, minimum=1)
 OCX_LOG_JSON = env_bool("OCX_LOG_JSON", False)

@@ -212,9 +212,7 @@ def test_manager_sets_budgets_up_to_the_teams(people: dict[str, Any], client: Cl
     assert call(client, admin, "patch", f"/api/keys/{key.pk}", over).status_code == 200
 
 
-def test_manager_changes_members_of_their_team_only(
-    people: dict[str, Any], client: Client
-) -> None:
+def test_manager_changes_members_of_their_team_only(people: dict[str, Any], client: Client) -> None:
     token = people["tokens"]["manager"]
     r = call(client, token, "put", "/api/teams", {"name": "infra", "team": {"members": ["bob"]}})
     assert r.status_code == 200 and r.json()["team"]["members"] == ["bob"]
