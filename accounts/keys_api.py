@@ -308,8 +308,8 @@ def update_key(
     if rpm[0]:
         changes["rpm_limit"] = rpm[1]
     if budgets[0]:
-        owner = ClientKey.objects.get(pk=key_id).user
-        _check_team_cap(request, owner, budgets[1])
+        row = ClientKey.objects.select_related("user").filter(pk=key_id).first()
+        _check_team_cap(request, row.user if row else None, budgets[1])
         changes["budgets"] = budgets[1]
     expires_given, expires = _expiry(payload, timezone.now())
     if expires_given:
