@@ -165,7 +165,7 @@ async def chaos(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _run(args: argparse.Namespace, rng: random.Random, redis_server: Any, pg: Any) -> Any:
     mock_proc = bench.start(
-        [bench.PY, "-m", "providers.mock_upstream", "--port", "0", "--log-limit", "20000"],
+        [bench.PY, "-m", "mockupstream", "--port", "0", "--log-limit", "20000"],
         name="mock",
     )
     mock_base = bench.read_line(mock_proc, "listening on", 20).rsplit(" ", 1)[-1]

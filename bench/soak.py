@@ -333,7 +333,7 @@ def upstream_conns(pid: int, port: int) -> int:
 async def soak(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     mock_proc = bench.start(
-        [bench.PY, "-m", "providers.mock_upstream", "--port", "0", "--log-limit", "20000"],
+        [bench.PY, "-m", "mockupstream", "--port", "0", "--log-limit", "20000"],
         name="mock",
     )
     mock_base = bench.read_line(mock_proc, "listening on", 20).rsplit(" ", 1)[-1]

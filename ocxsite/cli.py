@@ -67,7 +67,7 @@ def _run(argv: list[str] | None) -> int:
         return 0
     command, rest = args[0], args[1:]
     if command == "mock-upstream":
-        from providers.mock_upstream import main as mock_main
+        from mockupstream.server import main as mock_main
 
         return mock_main(rest)
     if command not in COMMANDS:
@@ -187,7 +187,7 @@ def _print_help(command: str, rest: list[str]) -> None:
 def _ensure_migrated() -> None:
     # The CLI works on a fresh data dir without `ocx serve` having run first, and says so when
     # that created a database (e.g. run from another directory with OCX_DATA_DIR unset).
-    from ocxsite.doctor import created_message, migrate_if_needed
+    from server.doctor import created_message, migrate_if_needed
 
     if migrate_if_needed():
         print(created_message(), file=sys.stderr)

@@ -243,7 +243,7 @@ INSTALLED_APPS = [
     "accounts",
     "alerts",
     "audit",  # the audit trail (docs/people.md)
-    "server",  # its management command: `ocx status`
+    "server",  # its management commands: `ocx status`, `ocx doctor`
     "ninja",  # Swagger UI / ReDoc served from our own static files (no CDN)
     "axes",  # admin login throttling
     "ocxsite",

@@ -124,7 +124,7 @@ class Mock:
 @pytest.fixture(scope="session")
 def mock_upstream() -> Iterator[Mock]:
     proc, url = _start(
-        [sys.executable, "-m", "providers.mock_upstream", "--port", "0"],
+        [sys.executable, "-m", "mockupstream", "--port", "0"],
         dict(os.environ),
         "listening on",
     )

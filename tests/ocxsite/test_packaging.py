@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 APPS = ("ocxsite", "providers", "combos", "quota", "usage", "dashboard", "accounts", "alerts")
 # The packages without models or migrations (`server` is an app only for `ocx status`).
-PACKAGES = ("gateway", "server", "state", "routing")
+PACKAGES = ("gateway", "server", "state", "routing", "mockupstream")
 
 
 def test_every_first_party_app_is_checked() -> None:

@@ -15,7 +15,7 @@ from django.contrib.auth import get_user_model
 
 from accounts import access
 from accounts.models import ClientKey
-from ocxsite import doctor
+from server import doctor
 from ocxsite.cli import main
 from ocxsite.demo import demo_setup
 from providers import services as provider_services

@@ -18,7 +18,7 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 
 from combos.selectors import config_snapshot, credential_for
-from ocxsite import doctor
+from server import doctor
 from providers.errors import ConfigError
 from providers.models import Provider
 from routing import envpolicy

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ocxsite import doctor
+from server import doctor
 from server import fdlimit
 
 ROOT_CHECK = """

@@ -177,7 +177,7 @@ class Command(ExamplesCommand):
             raise CommandError(WORKERS_NEED_REDIS.format(n=workers))
         server: str = options["server"]
         check_server(server)
-        from ocxsite.doctor import (
+        from server.doctor import (
             created_message,
             data_dir_note,
             database_label,
@@ -286,7 +286,7 @@ def _start_mock(port: int) -> tuple[subprocess.Popen[bytes], str]:
         [
             sys.executable,
             "-c",
-            "import sys; from providers.mock_upstream import main; sys.exit(main(sys.argv[1:]))",
+            "import sys; from mockupstream.server import main; sys.exit(main(sys.argv[1:]))",
             "--port",
             str(port),
         ],

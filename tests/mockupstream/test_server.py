@@ -17,8 +17,8 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from providers import mock_upstream
-from providers.mock_upstream import MockState, serve, split_text
+from mockupstream import server as mock_upstream
+from mockupstream.server import MockState, serve, split_text
 
 ROOT = Path(__file__).resolve().parents[2]
 SHELL_TOOL = {
@@ -705,7 +705,7 @@ async def test_unknown_route_and_bad_json(mock: Mock) -> None:
 def test_main_subprocess_port_line_and_sigterm() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "providers.mock_upstream", "--port", "0", "--require-key", "k"],
+        [sys.executable, "-m", "mockupstream", "--port", "0", "--require-key", "k"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

@@ -10,7 +10,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from providers.mock_upstream import MockState, serve
+from mockupstream.server import MockState, serve
 
 
 @pytest_asyncio.fixture

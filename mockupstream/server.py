@@ -1445,6 +1445,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mock-upstream: {exc}", file=sys.stderr)
         return 1
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

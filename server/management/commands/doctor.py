@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from ocxsite import doctor
+from server import doctor
 from providers.management.base import ExamplesCommand
 
 EPILOG = """\
