@@ -3,11 +3,11 @@
 A provider's key read from the environment is sent to that provider's URL, which staff choose:
 an `apiKeyEnv` naming the server's own configuration (the database URL with its password, the
 secret key) would send it there. Refused always: `DATABASE_URL`, `REDIS_URL`, every `OCX_*`,
-`DJANGO_*` and `PG*` variable (libpq reads `PGPASSWORD` and its siblings, issue #43); also
-the names in `OCX_PROVIDER_ENV_DENY`; and, when `OCX_PROVIDER_ENV_ALLOW` is set, every name that
-starts with none of its prefixes. Names are
-compared case-insensitively. The one check for every path (`validate._validate_provider`) and
-for stored providers at dispatch (`combos.selectors.credential_for`) and in `ocx doctor`.
+`DJANGO_*` and `PG*` variable (libpq reads `PGPASSWORD` and its siblings, issue #43); also the
+names in `OCX_PROVIDER_ENV_DENY`; and, when `OCX_PROVIDER_ENV_ALLOW` is set, every name that
+starts with none of its prefixes. Names are compared case-insensitively. The one check for every
+path (`routing.validate_providers._validate_provider`) and for stored providers at dispatch
+(`combos.selectors.credential_for`) and in `ocx doctor`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`apiKeyEnv` cannot name the server's own configuration (issue #26, point 4).
 
-One check (`routing.envpolicy`, applied in `validate._validate_provider`) serves the API,
+One check (`routing.envpolicy`, applied in `validate_providers._validate_provider`) serves the API,
 the admin, the CLI and config files; a stored provider that breaks it is not used (its variable
 is never read, its target has no credential) and `ocx doctor` reports it as a failure.
 """
