@@ -285,9 +285,7 @@ class Target:
 
 
 def start_mock() -> tuple[subprocess.Popen[bytes], str]:
-    proc = start(
-        [PY, "-m", "mockupstream", "--port", "0", "--log-limit", "200"], name="mock"
-    )
+    proc = start([PY, "-m", "mockupstream", "--port", "0", "--log-limit", "200"], name="mock")
     line = read_line(proc, "listening on", 60)
     base = line.rsplit(" ", 1)[-1]
     mock_script(base, {})

@@ -1444,4 +1444,3 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as exc:
         print(f"mock-upstream: {exc}", file=sys.stderr)
         return 1
-

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
+import contextlib
 import os
 import re
 import secrets
+import tempfile
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -82,9 +84,16 @@ def _secret_key(data_dir: Path) -> str:
     # Generated once so that stored provider keys stay decryptable across restarts.
     key_file = data_dir / "secret.key"
     if not key_file.exists():
-        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(secrets.token_urlsafe(48))
+        # Written whole under another name, then linked into place: processes starting at once
+        # on a new data directory (workers, a CLI, parallel tests) all read the one that won.
+        fd, tmp = tempfile.mkstemp(prefix=".secret.key.", dir=data_dir)  # mode 0600
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_urlsafe(48))
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, key_file)
+        finally:
+            os.unlink(tmp)
     return key_file.read_text().strip()
 
 

@@ -8,8 +8,11 @@ at PostgreSQL, and is configured through its own management API (OCX_ADMIN_TOKEN
 from __future__ import annotations
 
 import atexit
+import functools
+import inspect
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -31,8 +34,85 @@ ROOT = Path(__file__).resolve().parent.parent
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 
 
+# The pytest-xdist worker this process is ("gw0", "gw1", ...; "" when the run is not parallel).
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "browser: real-browser (Chromium) admin tests")
+    config.addinivalue_line(
+        "markers",
+        "slow: starts `ocx serve` or another heavy process (set by tests/conftest.py for every "
+        "test that calls start_server or uses a fixture that does); the quick loop is "
+        '`pytest -m "not slow"`',
+    )
+    if WORKER:
+        _isolate_worker()
+
+
+def _isolate_worker() -> None:
+    """What the in-process tests of parallel workers would share: the Redis key prefix (and the
+    config notice channel under it) and the channel layer's groups. The databases are per worker
+    already (pytest-django's `_gwN` suffix) and so is every server's (a copy of its own)."""
+    from django.conf import settings
+
+    prefix = f"{settings.OCX_STATE_KEY_PREFIX}-{WORKER}"
+    settings.OCX_STATE_KEY_PREFIX = prefix
+    os.environ["OCX_STATE_KEY_PREFIX"] = prefix  # processes the tests start themselves
+    layer = settings.CHANNEL_LAYERS["default"]
+    if "CONFIG" in layer:  # channels_redis (with REDIS_URL)
+        layer["CONFIG"]["prefix"] = f"asgi-{WORKER}"
+
+
+@functools.cache
+def _source(func: Callable[..., Any]) -> str:
+    try:
+        return inspect.getsource(func)
+    except (OSError, TypeError):
+        return ""
+
+
+def _calls(func: Callable[..., Any], names: frozenset[str]) -> bool:
+    pattern = r"\b(" + "|".join(sorted(names)) + r")\("
+    return re.search(pattern, _source(func)) is not None
+
+
+@functools.cache
+def _server_starters(module: Any) -> frozenset[str]:
+    """`start_server` and the module's own functions that call it (directly or through another)."""
+    names = frozenset({"start_server"})
+    funcs = [
+        f
+        for f in vars(module).values()
+        if inspect.isfunction(f)
+        and f.__module__ == module.__name__
+        and not f.__name__.startswith("test")
+    ]
+    for _ in range(3):
+        names |= {f.__name__ for f in funcs if _calls(f, names)}
+    return names
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark `slow` every test that starts `ocx serve` (in its body or any fixture it uses), and
+    keep the tests that share a module- or class-scoped fixture (a server of their module) on
+    one xdist worker (`--dist loadgroup`), so that each module starts its servers once.
+
+    A test that asserts a time (a bound, a wait) carries `@pytest.mark.xdist_group("timed")`:
+    those run one after another on one worker, never two at once."""
+    for item in items:
+        infos = getattr(item, "_fixtureinfo", None)
+        defs = [d[-1] for d in infos.name2fixturedefs.values() if d] if infos else []
+        func = getattr(item, "function", None)
+        module = getattr(item, "module", None)
+        starters = _server_starters(module) if module is not None else frozenset({"start_server"})
+        funcs = [func, *(d.func for d in defs)]
+        if any(_calls(f, starters) for f in funcs if f is not None):
+            item.add_marker(pytest.mark.slow)
+        shared = any(d.scope in ("module", "class") for d in defs)
+        if shared and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 def _start(

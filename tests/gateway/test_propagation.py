@@ -55,6 +55,7 @@ def warm(server: Server) -> str:
     return key
 
 
+@pytest.mark.xdist_group("timed")  # asserts a time: not beside another (conftest)
 def test_new_combo_is_served_within_one_second(server: Server) -> None:
     key = warm(server)
     status, ids = models(server, key)
@@ -87,6 +88,7 @@ def test_combo_change_and_delete_are_served_within_one_second(server: Server) ->
     assert time.monotonic() - start < BUDGET_S
 
 
+@pytest.mark.xdist_group("timed")  # asserts a time: not beside another (conftest)
 def test_revoked_key_stops_within_one_second(server: Server) -> None:
     key = warm(server)
     keys: list[dict[str, Any]] = server.api.get("/api/keys").json()["keys"]

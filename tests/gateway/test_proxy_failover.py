@@ -391,6 +391,7 @@ def test_last_failure_non_json_body_is_sanitized(server: Server, mock: Mock) -> 
 # Waiting and half-open probes
 
 
+@pytest.mark.xdist_group("timed")  # asserts a time: not beside another (conftest)
 def test_single_target_retry_with_wait_for_cooldown(server: Server, mock: Mock) -> None:
     mock.script("wa", [{"status": 429, "headers": {"Retry-After": "1"}}])
     combo_id, headers = setup_combo(server, mock, [("p1", "wa")], waitForCooldownMs=3000)

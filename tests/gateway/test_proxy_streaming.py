@@ -337,6 +337,7 @@ def test_chat_upstream_with_no_terminal_at_all_is_a_cut(
 @pytest.mark.parametrize(
     "step", [{"delay_first_byte_ms": 4000}, {"no_response": True}], ids=["slow", "silent"]
 )
+@pytest.mark.xdist_group("timed")  # asserts a time: not beside another (conftest)
 def test_first_byte_timeout_hops_and_cools(
     server: Server, mock: Mock, step: dict[str, Any]
 ) -> None:

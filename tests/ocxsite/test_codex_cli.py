@@ -24,6 +24,9 @@ import pytest
 
 from tests.conftest import ROOT, Mock, Server
 
+# Runs the real Codex CLI against `ocx serve` (tests/conftest.py: slow).
+pytestmark = pytest.mark.slow
+
 CODEX_VERSION = "0.171.0"  # keep in step with .ci/run
 TIMEOUT = 90  # seconds for one codex run (under pytest-timeout's 120 s per test)
 

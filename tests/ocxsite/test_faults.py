@@ -195,6 +195,7 @@ def test_503_persistent_fallback_serves_and_primary_probed_once_per_cooldown(
 # 4–5. First-byte bound
 
 
+@pytest.mark.xdist_group("timed")  # asserts a time: not beside another (conftest)
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_no_response_fails_over_after_its_bound(server: Server, mock: Mock, stream: bool) -> None:
     # Streams must start within firstByteMs; a non-streaming answer gets totalMs in all
@@ -217,6 +218,7 @@ def test_no_response_fails_over_after_its_bound(server: Server, mock: Mock, stre
     assert bound_ms - 50 <= waited < bound_ms + 1000, waited
 
 
+@pytest.mark.xdist_group("timed")  # asserts a time: not beside another (conftest)
 @pytest.mark.parametrize("stream", [True], ids=["sse"])
 def test_late_first_byte_hits_the_first_byte_limit(
     server: Server, mock: Mock, stream: bool
@@ -334,6 +336,7 @@ def test_fallback_answer_names_its_model_and_carries_its_usage(
 # 8. Never hang past the bounds
 
 
+@pytest.mark.xdist_group("timed")  # asserts a time: not beside another (conftest)
 @pytest.mark.parametrize("client", ["responses", "chat"])
 def test_stall_after_output_ends_within_idle_bound(server: Server, mock: Mock, client: str) -> None:
     # Responses: created, in_progress, item added, part added, 1st delta — then silence until
@@ -382,6 +385,7 @@ def test_stall_after_output_ends_within_idle_bound(server: Server, mock: Mock, c
 # 9–10. Terminal 400s are never retried
 
 
+@pytest.mark.xdist_group("timed")  # asserts a time: not beside another (conftest)
 def test_context_overflow_on_only_model_is_returned_once(server: Server, mock: Mock) -> None:
     message = (
         "This model's maximum context length is 100000 tokens. However, your messages "

@@ -15,9 +15,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("ocxsite", "providers", "combos", "quota", "usage", "dashboard", "accounts", "alerts")
-# The packages without models or migrations (`server` is an app only for `ocx status`).
+APPS = (
+    "ocxsite", "providers", "combos", "quota", "usage", "dashboard", "accounts", "alerts", "audit"
+)
+# The packages without models or migrations (`server` is an app only for its commands).
 PACKAGES = ("gateway", "server", "state", "routing", "mockupstream")
+# Builds a wheel and installs it (tests/conftest.py: slow).
+pytestmark = pytest.mark.slow
 
 
 def test_every_first_party_app_is_checked() -> None:

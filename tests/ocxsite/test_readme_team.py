@@ -17,8 +17,12 @@ import uuid
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import ROOT, _server_database
+
+# Runs the README's commands: `ocx serve` processes of its own (tests/conftest.py: slow).
+pytestmark = pytest.mark.slow
 
 PASSWORD = "team-admin-Passw0rd-1"
 

@@ -18,13 +18,13 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 
 from combos.selectors import config_snapshot, credential_for
-from server import doctor
 from providers.errors import ConfigError
 from providers.models import Provider
 from routing import envpolicy
 from routing.eligibility import credential_problem
 from routing.envpolicy import EnvPolicy
 from routing.types import ProviderSpec
+from server import doctor
 
 TOKEN = "test-admin-token-for-env-policy"
 BASE = {"adapter": "openai-chat", "baseUrl": "https://api.example.com/v1"}

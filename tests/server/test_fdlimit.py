@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from server import doctor
-from server import fdlimit
+from server import doctor, fdlimit
 
 ROOT_CHECK = """
 import resource

@@ -106,6 +106,7 @@ def test_non_streamed_and_streamed_requests_carry_ocx_headers(server: Server, mo
     assert any(name == "response.output_text.delta" for name, _ in events)
 
 
+@pytest.mark.xdist_group("timed")  # asserts a time: not beside another (conftest)
 @needs_uvicorn
 def test_no_nagle_stall_on_keep_alive_connections(server: Server, mock: Mock) -> None:
     """Responses written in parts (headers, body) must not wait for the client's delayed ACK:

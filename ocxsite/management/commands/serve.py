@@ -177,13 +177,13 @@ class Command(ExamplesCommand):
             raise CommandError(WORKERS_NEED_REDIS.format(n=workers))
         server: str = options["server"]
         check_server(server)
+        from server import fdlimit
         from server.doctor import (
             created_message,
             data_dir_note,
             database_label,
             migrate_if_needed,
         )
-        from server import fdlimit
 
         if not options["no_migrate"] and migrate_if_needed():
             self.stderr.write(created_message())

@@ -7,8 +7,8 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from server import doctor
 from providers.management.base import ExamplesCommand
+from server import doctor
 
 EPILOG = """\
 checks: migrations applied, secret key source, Redis reachable (when REDIS_URL is set),
