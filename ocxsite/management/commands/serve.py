@@ -303,5 +303,5 @@ def _start_mock(port: int) -> tuple[subprocess.Popen[bytes], str]:
 
 if __name__ == "__main__":
     worker = argparse.ArgumentParser(description="one `ocx serve --server uvicorn` worker")
-    worker.add_argument("--uvicorn-fd", type=int, required=True)
+    worker.add_argument("--uvicorn-fd", type=int, required=True, help=argparse.SUPPRESS)
     uvicorn_worker(worker.parse_args().uvicorn_fd)
