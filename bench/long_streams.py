@@ -9,9 +9,14 @@ ocx with `--workers 2` and REDIS_URL (`ocx-w2`), with `--uvicorn` one `--server 
 (`ocx-uv`), and LiteLLM's proxy (one worker), with the helpers of bench/run.py. For each pace (ms between events : events per stream) and each
 number of concurrent streams, every target in turn gets that many streams at once, one stream
 per connection, from one asyncio client process (`long_streams.py client`, uvloop when
-installed). Per point: completed and failed streams (by kind), the target's CPU per stream
-and per event, peak RSS, TTFT p50/p99 and event-gap p99 (definitions in bench/README.md,
-"Long streams"), plus the client's own CPU so a saturated client shows.
+installed). Per point: completed and failed streams (by kind), the target's CPU per event
+(every event the client received, of every stream), peak RSS of the whole process tree (ocx's
+supervisor included, as LiteLLM's is) and of its largest process, TTFT p50/p99 and event-gap
+p99 over every stream started (a stream that failed or timed out counts with what it waited:
+a lower bound; definitions in bench/README.md, "Long streams"), plus the client's own CPU so a
+saturated client shows. Every system is started afresh (and warmed up) before each of its
+points (`--no-fresh`: one instance for the whole run), so no point inherits a previous one's
+backlog or heap.
 
 Writes bench/results/long-streams-<stamp>.json (or --out) and prints a Markdown table.
 """
@@ -112,6 +117,22 @@ class Stream:
     times: list[float] | None = None  # arrival of each text event (perf_counter, absolute)
     complete: bool = False
     failure: str | None = None  # "http_<status>", "timeout", "connect" or "cut"
+    last: float | None = None  # the last text event
+    ended: float | None = None  # when the stream ended or the client gave up on it
+
+
+def waited(s: Stream) -> tuple[float | None, float | None]:
+    """(TTFT, largest gap) of a stream counted with what it waited: a stream that never sent
+    text waited its whole life for the first (its TTFT, and its gap); one that failed after
+    text waited from its last text event to its end (when longer than its gaps). For a stream
+    that failed these are lower bounds: the client gave up, the wait did not end."""
+    if s.failure is None:
+        return s.ttft, s.max_gap
+    if s.ttft is None:
+        return s.ended, s.ended
+    tail = None if s.ended is None or s.last is None else s.ended - s.last
+    gaps = [g for g in (s.max_gap, tail) if g is not None]
+    return s.ttft, max(gaps) if gaps else None
 
 
 def failure_kind(status: int, complete: bool, error: str | None) -> str | None:
@@ -130,14 +151,19 @@ def failure_kind(status: int, complete: bool, error: str | None) -> str | None:
 
 
 def summarize(streams: list[Stream]) -> dict[str, Any]:
-    """Completed / failed by kind, TTFT p50/p99 and event-gap p99 over completed streams (ms)."""
+    """Completed / failed by kind; TTFT p50/p99 and event-gap p50/p99 over every stream, the
+    failed ones counted with what they waited (`waited`), and the same over completed streams
+    only (`*_completed_ms`, the definition before issue #41) (ms)."""
     done = [s for s in streams if s.failure is None]
     failed: dict[str, int] = {}
     for s in streams:
         if s.failure is not None:
             failed[s.failure] = failed.get(s.failure, 0) + 1
-    ttft = [s.ttft * 1000 for s in done if s.ttft is not None]
-    gaps = [s.max_gap * 1000 for s in done if s.max_gap is not None]
+    waits = [waited(s) for s in streams]
+    ttft = [t * 1000 for t, _ in waits if t is not None]
+    gaps = [g * 1000 for _, g in waits if g is not None]
+    ttft_done = [s.ttft * 1000 for s in done if s.ttft is not None]
+    gaps_done = [s.max_gap * 1000 for s in done if s.max_gap is not None]
     steady = [s.steady_gap * 1000 for s in done if s.steady_gap is not None]
 
     def ms(x: float | None) -> float | None:
@@ -154,6 +180,10 @@ def summarize(streams: list[Stream]) -> dict[str, Any]:
         "gap_p50_ms": ms(percentile(gaps, 50)),
         "gap_p99_ms": ms(percentile(gaps, 99)),
         "gap_max_ms": ms(max(gaps) if gaps else None),
+        # A failed stream's figures are lower bounds: how many of them are in the above.
+        "censored": len(streams) - len(done),
+        "ttft_p99_completed_ms": ms(percentile(ttft_done, 99)),
+        "gap_p99_completed_ms": ms(percentile(gaps_done, 99)),
         # After the opening burst: what a stream sees once every stream is running.
         "steady_gap_p50_ms": ms(percentile(steady, 50)),
         "steady_gap_p99_ms": ms(percentile(steady, 99)),
@@ -249,6 +279,8 @@ async def one_stream(host: str, port: int, request: bytes, api: str, timeout: fl
     finally:
         if writer is not None:
             writer.close()
+    s.ended = time.perf_counter() - t0
+    s.last = None if gaps.last is None else gaps.last - t0
     s.max_gap = gaps.largest if gaps.count > 1 else None
     s.times = gaps.times
     s.failure = failure_kind(s.status, s.complete, error)
@@ -382,7 +414,9 @@ def point(
     except (ValueError, IndexError):
         return {"error": (proc.stdout + proc.stderr)[-800:]}
     r["cpu_s"] = round(cpu, 3)
-    r["cpu_ms_per_stream"] = per(cpu, r["completed"], 1e3)
+    # Per stream started and per event received: dividing by completed streams only made a
+    # system that completes few look expensive per stream and one that completes none free.
+    r["cpu_ms_per_stream"] = per(cpu, r["streams"], 1e3)
     r["cpu_us_per_event"] = per(cpu, r["events"], 1e6)
     r["cpu_util"] = round(cpu / wall, 3)
     r["runqueue_wait_share"] = round((s1[1] - s0[1]) / 1e9 / wall, 3)
@@ -415,10 +449,11 @@ def report(res: dict[str, Any]) -> str:
         f"## Long streams ({res['stamp']}, {res['config']['api']}, load "
         f"{res['machine']['loadavg_before']} → {res['machine'].get('loadavg_after', '?')}, "
         f"machine speed {res['machine'].get('speed_s', '?')} s)\n",
-        "| pace | streams | target | completed | failed | CPU ms/stream | CPU µs/event | "
-        "peak worker RSS MB | TTFT p50 / p99 ms | gap p99 ms | burst over at ms | "
-        "steady gap p50 / p99 ms | client CPU |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| pace | streams | target | completed | failed | CPU µs/event | CPU ms/stream | "
+        "peak RSS MB: tree / largest process | TTFT p50 / p99 ms (all) | gap p99 ms (all) | "
+        "TTFT / gap p99 ms (completed) | burst over at ms | steady gap p50 / p99 ms | "
+        "client CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, by_t in res["points"].items():
         pace, n = key.split("|")
@@ -428,11 +463,15 @@ def report(res: dict[str, Any]) -> str:
                 continue
             failed = ", ".join(f"{v} × {k}" for k, v in r["failed"].items()) or "0"
             c = r["client"]
+            low = "≥ " if r.get("censored") else ""  # failed streams in it: a lower bound
             lines.append(
                 f"| {pace} | {n} | {name} | {r['completed']}/{r['streams']} | {failed} | "
-                f"{fmt(r['cpu_ms_per_stream'])} | {fmt(r['cpu_us_per_event'])} | "
-                f"{r['peak_worker_rss_mb']} | {fmt(r['ttft_p50_ms'])} / {fmt(r['ttft_p99_ms'])} | "
-                f"{fmt(r['gap_p99_ms'])} | {fmt(r.get('settled_ms'))} | "
+                f"{fmt(r['cpu_us_per_event'])} | {fmt(r['cpu_ms_per_stream'])} | "
+                f"{r['peak_rss_mb']} / {r['peak_worker_rss_mb']} | "
+                f"{fmt(r['ttft_p50_ms'])} / {low}{fmt(r['ttft_p99_ms'])} | "
+                f"{low}{fmt(r['gap_p99_ms'])} | "
+                f"{fmt(r.get('ttft_p99_completed_ms'))} / {fmt(r.get('gap_p99_completed_ms'))} | "
+                f"{fmt(r.get('settled_ms'))} | "
                 f"{fmt(r.get('steady_gap_p50_ms'))} / {fmt(r.get('steady_gap_p99_ms'))} | "
                 f"{c['cpu_util']}{' **saturated**' if c['saturated'] else ''} |"
             )
@@ -470,6 +509,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-uvloop", action="store_true", help="client on asyncio's own loop")
     p.add_argument("--settle", type=float, default=2.0, help="seconds between points")
+    p.add_argument(
+        "--no-fresh",
+        action="store_true",
+        help="one instance of each system for the whole run (default: started afresh and "
+        "warmed up before each of its points)",
+    )
     p.add_argument(
         "--timeout", type=float, default=None, help="per stream (default 3 × its length + 30 s)"
     )
@@ -540,7 +585,15 @@ def main(argv: list[str] | None = None) -> int:
         run.log(f"Redis at {run.REDIS_URL} not answering: no ocx-w2")
     if not args.skip_litellm:
         run.log("starting LiteLLM proxy (1 worker, no database)")
-        instances.append(Instance(run.start_litellm(mock_base)))
+        litellm = Instance(run.start_litellm(mock_base))
+
+        def litellm_again() -> None:
+            stop(litellm.target)
+            litellm.restarts += 1
+            litellm.target = run.start_litellm(mock_base)
+
+        litellm.restart = litellm_again
+        instances.append(litellm)
 
     res: dict[str, Any] = {
         "stamp": stamp,
@@ -552,6 +605,10 @@ def main(argv: list[str] | None = None) -> int:
             "rlimit_nofile": nofile,
             "redis": run.REDIS_URL if redis_ok and not args.no_workers2 else None,
             "uvloop_client": not args.no_uvloop,
+            "fresh_per_point": not args.no_fresh,
+            # Since issue #41: percentiles over every stream (failed ones with what they
+            # waited), CPU per event and per stream started, RSS of the whole tree.
+            "definitions": 2,
         },
         "machine": {
             "cpus": os.cpu_count(),
@@ -576,6 +633,13 @@ def main(argv: list[str] | None = None) -> int:
             key = f"{ms}ms×{n_events}|{n}"
             res["points"][key] = {}
             for inst in instances:
+                if not args.no_fresh and inst.restart is not None:
+                    # Fresh for this point: nothing left of the previous one (streams it still
+                    # serves, a grown heap), then the same warm-up as every system had.
+                    inst.restart()
+                    run.mock_script(mock_base, {})
+                    point(inst.target, args.api, 16, 30, mock, not args.no_uvloop)
+                    run.mock_script(mock_base, {"delta_ms": ms, "deltas": n_events})
                 t = inst.target
                 r = point(t, args.api, n, timeout, mock, not args.no_uvloop, args.profile)
                 res["points"][key][t.name] = r
@@ -586,7 +650,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"steady gap p99 {r.get('steady_gap_p99_ms')}  "
                     f"client {(r.get('client') or {}).get('cpu_util')} {r.get('error', '')[:300]}"
                 )
-                if inst.restart is not None and (r.get("failed") or "error" in r):
+                failed = r.get("failed") or "error" in r
+                if args.no_fresh and inst.restart is not None and failed:
                     run.log(f"restarting {t.name}: failed streams may have cooled its target")
                     inst.restart()
                 time.sleep(args.settle)

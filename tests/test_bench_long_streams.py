@@ -63,23 +63,47 @@ def test_failure_kinds() -> None:
     assert kind(200, False, None) == "cut"  # ended without the terminal event
 
 
-def test_summary_counts_failures_and_takes_percentiles_over_completed_streams() -> None:
+def test_summary_counts_failures_and_takes_percentiles_over_every_stream() -> None:
     m = long_streams()
     ok = [m.Stream(200, 10, ttft=0.1 * i, max_gap=0.02 + i / 1000) for i in range(1, 5)]
     failed = [
-        m.Stream(502, 0, failure="http_502"),
-        m.Stream(502, 0, failure="http_502"),
-        m.Stream(200, 3, ttft=0.01, max_gap=9.0, failure="cut"),
+        m.Stream(502, 0, failure="http_502", ended=0.05),
+        m.Stream(0, 0, failure="timeout", ended=60.0),  # never a byte: waited 60 s for one
+        m.Stream(200, 3, ttft=0.01, max_gap=9.0, failure="cut", last=9.5, ended=9.6),
     ]
     out = m.summarize(ok + failed)
     assert out["streams"] == 7
     assert out["completed"] == 4
-    assert out["failed"] == {"cut": 1, "http_502": 2}
+    assert out["failed"] == {"cut": 1, "http_502": 1, "timeout": 1}
     assert out["events"] == 43
     assert out["events_completed"] == 40
-    assert out["ttft_p50_ms"] == 200.0
-    assert out["ttft_p99_ms"] == 400.0
-    assert out["gap_p99_ms"] == 24.0  # the cut stream's 9 s gap is not counted
+    # TTFT over all seven: 10, 50, 100, 200, 300, 400, 60000 ms (nearest rank).
+    assert (out["ttft_p50_ms"], out["ttft_p99_ms"]) == (200.0, 60000.0)
+    # Gaps over all seven: 21..24 ms, the 502's 50, the cut stream's 9 s, the timeout's 60 s.
+    assert (out["gap_p50_ms"], out["gap_p99_ms"]) == (24.0, 60000.0)
+    assert out["censored"] == 3
+    # The definition before issue #41, completed streams only, stays beside.
+    assert (out["ttft_p99_completed_ms"], out["gap_p99_completed_ms"]) == (400.0, 24.0)
+
+
+def test_a_failed_stream_counts_what_it_waited() -> None:
+    m = long_streams()
+    done = m.Stream(200, 5, ttft=0.2, max_gap=0.1, complete=True, last=2.0, ended=2.1)
+    assert m.waited(done) == (0.2, 0.1)  # completed: its own figures
+    silent = m.Stream(0, 0, failure="timeout", ended=30.0)
+    assert m.waited(silent) == (30.0, 30.0)
+    stalled = m.Stream(200, 4, ttft=0.2, max_gap=0.1, failure="timeout", last=1.0, ended=31.0)
+    assert m.waited(stalled) == (0.2, 30.0)  # from its last text to the client giving up
+    cut = m.Stream(200, 4, ttft=0.2, max_gap=0.5, failure="cut", last=1.0, ended=1.1)
+    assert m.waited(cut) == pytest.approx((0.2, 0.5))  # its gaps were longer than its tail
+    assert m.waited(m.Stream(502, 0, failure="http_502")) == (None, None)  # nothing known
+
+
+def test_cpu_per_stream_counts_every_stream_started() -> None:
+    m = long_streams()
+    # 2 s of CPU over 1,000 streams of which 100 completed: 2 ms each, not 20.
+    assert m.per(2.0, 1000, 1e3) == 2.0
+    assert m.per(2.0, 0, 1e3) is None
 
 
 def test_text_and_terminal_events() -> None:
