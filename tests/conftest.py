@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 
 
+SLOW_TIMEOUT_S = 300
 # The pytest-xdist worker this process is ("gw0", "gw1", ...; "" when the run is not parallel).
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 
@@ -110,6 +111,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         funcs = [func, *(d.func for d in defs)]
         if any(_calls(f, starters) for f in funcs if f is not None):
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("slow") and item.get_closest_marker("timeout") is None:
+            # pytest-timeout's 120 s (pyproject.toml) is a hang's bound; a test that starts
+            # servers and CLI processes can take longer on 2 loaded cores (parallel passes).
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
         shared = any(d.scope in ("module", "class") for d in defs)
         if shared and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import random
 import shutil
 import signal
 import socket
@@ -20,7 +21,22 @@ import redis
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A port free now, for a server started (and restarted) on it later: below the kernel's
+    ephemeral range, so that no outgoing connection of a test running beside (xdist, CI's
+    other pass) takes it in between, and random, so that two such tests rarely try the same."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(100):
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # every try taken: the kernel's choice, as before
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
