@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import ipaddress
 import contextlib
+import ipaddress
 import os
 import re
 import secrets

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -366,25 +367,18 @@ def run_checks(*, host: str) -> list[Check]:
     checks.extend(check_combos(snapshot))
     checks.extend(check_catalog(snapshot))
     checks.extend(check_prices(snapshot))
-    checks.append(check_ledger())
+    checks.extend(check() for check in _added)
     return checks
 
 
-def check_ledger() -> Check:
-    """`ocx usage verify` for today: the request log, rollups and budget counters agree."""
-    from django.utils import timezone
+# Checks of the domains above `server` (imports flow down): each registers its own from its
+# app's ready(), e.g. `usage` the ledger (`ocx usage verify` for today).
+_added: list[Callable[[], Check]] = []
 
-    from usage import verify
 
-    now = timezone.now()
-    result = verify.verify_here(since=verify.start_of_today(now), now=now)
-    if not result.agrees:
-        shown = "; ".join(result.differences[:3])
-        return Check("ledger", FAIL, f"{len(result.differences)} difference(s) today: {shown}")
-    detail = "; ".join(result.checked) or "nothing to compare"
-    if result.notes:
-        detail += " (" + "; ".join(result.notes) + ")"
-    return Check("ledger", OK, f"today agrees: {detail}")
+def add_check(check: Callable[[], Check]) -> None:
+    if check not in _added:
+        _added.append(check)
 
 
 # --- --probe ---------------------------------------------------------------------------------

@@ -8,3 +8,9 @@ class UsageConfig(AppConfig):
 
     name = "usage"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from server import doctor
+        from usage import verify
+
+        doctor.add_check(verify.doctor_check)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from django.apps import apps
@@ -41,6 +41,9 @@ from usage.budgets import (
     stored_budgets,
 )
 from usage.models import RequestLog, UsageRollup
+
+if TYPE_CHECKING:
+    from server import doctor
 
 # Counter values by name, and whether the store still holds its seeding sentinel (False: a
 # shared store that was emptied and not seeded again yet).
@@ -352,3 +355,22 @@ def verify_here(*, since: dt.datetime, now: dt.datetime) -> Verification:
         if asked is not None:
             return asked
     return verify(since=since, now=now, counters=live_counters(), counters_note=NO_COUNTERS)
+
+
+def doctor_check() -> doctor.Check:
+    """`ocx usage verify` for today: the request log, rollups and budget counters agree."""
+    from django.utils import timezone
+
+    from server import doctor
+
+    now = timezone.now()
+    result = verify_here(since=start_of_today(now), now=now)
+    if not result.agrees:
+        shown = "; ".join(result.differences[:3])
+        return doctor.Check(
+            "ledger", doctor.FAIL, f"{len(result.differences)} difference(s) today: {shown}"
+        )
+    detail = "; ".join(result.checked) or "nothing to compare"
+    if result.notes:
+        detail += " (" + "; ".join(result.notes) + ")"
+    return doctor.Check("ledger", doctor.OK, f"today agrees: {detail}")

@@ -16,7 +16,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 APPS = (
-    "ocxsite", "providers", "combos", "quota", "usage", "dashboard", "accounts", "alerts", "audit"
+    "ocxsite",
+    "providers",
+    "combos",
+    "quota",
+    "usage",
+    "dashboard",
+    "accounts",
+    "alerts",
+    "audit",
 )
 # The packages without models or migrations (`server` is an app only for its commands).
 PACKAGES = ("gateway", "server", "state", "routing", "mockupstream")
