@@ -48,6 +48,10 @@ def verify_usage(request: HttpRequest, since: str | None = None) -> dict[str, ob
     server counts with (Redis, or its own memory), since `since` (default: today)."""
     from usage import verify
 
+    scope = getattr(request, "ocx_scope", None)
+    if scope is not None and not scope.every:
+        # The ledger is every team's: a team manager's view stops at their teams.
+        raise HttpError(403, "forbidden: the ledger check needs the viewer or admin role")
     now = timezone.now()
     try:
         start = verify.parse_since(since, now=now)

@@ -81,7 +81,7 @@ def test_admin_adds_a_team_with_pickers_and_the_proxy_enforces_it(
     no_sideways_scroll(page)
     shot(page, f"{width}-teams-03-list")
     row = page.locator("#result_list tbody tr", has_text=team).inner_text()
-    assert ann in row and ben in row and "100000 tokens per month" in row
+    assert ann in row and ben in row and "0 of 100,000 tokens this month" in row
 
     assert server.api.get(f"/api/teams/{team}").json()["team"] == {
         "name": team,

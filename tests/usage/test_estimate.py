@@ -17,7 +17,8 @@ from usage.requestlog import RequestEntry, clean_entry, write_entries
 def _entry(**usage: Any) -> RequestEntry:
     return RequestEntry(
         request_id="r1",
-        at=dt.datetime(2026, 3, 2, 10, tzinfo=dt.UTC).timestamp(),
+        # Recent: an older row would be the request log's retention's to delete.
+        at=(dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)).timestamp(),
         target="p/m",
         status=200,
         outcome="ok",
