@@ -72,18 +72,18 @@ def status_class(status: int) -> str:
 def aggregate(records: Iterable[UsageRecord]) -> dict[RowKey, list[float]]:
     """Sum a batch in memory: one counter vector per (minute, dimensions)."""
     rows: dict[RowKey, list[float]] = {}
+    # One row per unique (minute, user, key id, …): a rotated key's secrets (other prefixes)
+    # share it, as the table's unique constraint has it (PostgreSQL refuses an upsert that
+    # touches a row twice). The prefix kept is the first seen in the batch.
+    keys: dict[RowKey, RowKey] = {}
     for r in records:
-        key = (
-            int(r.at) // MINUTE * MINUTE,
-            # Cut to the columns (a client-chosen model name can be longer).
-            r.user[:150],
-            r.key_id or 0,
-            r.key_prefix[:16],
-            r.combo[:64],
-            r.target[:512],
-            r.requested_model[:256],
-            status_class(r.status),
-        )
+        minute, user, key_id = int(r.at) // MINUTE * MINUTE, r.user[:150], r.key_id or 0
+        # Cut to the columns (a client-chosen model name can be longer).
+        combo, target, model = r.combo[:64], r.target[:512], r.requested_model[:256]
+        ident = (minute, user, key_id, combo, target, model, status_class(r.status))
+        key = keys.get(ident)
+        if key is None:
+            key = keys[ident] = (*ident[:3], r.key_prefix[:16], *ident[3:])
         c = rows.get(key)
         if c is None:
             c = rows[key] = [0] * len(COUNTERS)

@@ -86,6 +86,7 @@ def test_admin_adds_a_team_with_pickers_and_the_proxy_enforces_it(
     assert server.api.get(f"/api/teams/{team}").json()["team"] == {
         "name": team,
         "members": sorted([ann, ben]),
+        "managers": [],
         "budgets": [{"tokens": 100000, "period": "month"}],
         "allowedModels": [f"{provider}/a"],
     }

@@ -140,7 +140,7 @@ def test_readme_team_section_runs(tmp_path: Path) -> None:
             elif " serve " in f" {cmd} ":
                 start_serve(cmd, env, servers)
                 check_server(port, keys)
-            elif cmd == "ocx user create alice --staff":
+            elif cmd == "ocx user create alice --role admin":
                 code, out = run_with_prompts(cmd, env, [PASSWORD, PASSWORD])
                 assert code == 0, out
                 assert "Password for alice:" in out and "Password (again):" in out
