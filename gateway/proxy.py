@@ -3,6 +3,10 @@
 Per request: authenticate the client key against the cached key map, parse the body,
 resolve the model against the in-memory config snapshot, run the attempt loop, and stream
 the committing target's answer. No ORM call happens here.
+
+The steps live beside it: the request and its answer (`exchange.py`), the caller's
+credentials on a target (`access.py`), each attempt (`relay.py`), what a request costs
+(`charging.py`) and what its outcome says (`outcomes.py`).
 """
 
 from __future__ import annotations
@@ -29,8 +33,7 @@ from combos.shaping import (
     has_encrypted_agent_task,
     image_rejection,
 )
-from combos.status import label as status_label
-from gateway import alerting, caller_limits, refusals, tracing
+from gateway import alerting, caller_limits, charging, refusals, tracing
 from gateway.access import credential_pair, known_secrets, target_access
 from gateway.exchange import (
     NESTED_TOO_DEEPLY,
@@ -51,40 +54,31 @@ from gateway.exchange import (
 )
 from gateway.outcomes import (
     finish_route,
-    note_usage,
     record_route,
-    record_target,
 )
-from gateway.relay import AttemptRelay
-from gateway.rescue import BufferOverflow
+from gateway.relay import AttemptRelay, send_bare, send_route
 from gateway.runtime import Runtime, get_runtime
 from providers.masking import Masker
 from providers.upstream import Caller
-from providers.wire.commit import terminal_error_frame, truncation_failure
+from providers.wire.commit import StreamFailure, terminal_error_frame, truncation_failure
 from quota.tracker import Gate
-from routing.attempts import AttemptRecord, RouteResult, route
+from routing.attempts import RouteResult
 from routing.catalog import models_list
 from routing.eligibility import (
     TargetState,
     target_state,
 )
 from routing.recall import lane_of, snapshot_liveness
-from routing.state import ComboState
 from routing.types import ComboSpec, ConfigSnapshot, TargetSpec
 from routing.validate import Resolution, resolve_model
 from server import body_limits, body_now, lifecycle, metrics
 from server.http_errors import HOST_NOT_ALLOWED, HostGate
 from server.turns import Turns
-from usage import estimate
-from usage import unpriced as pricing_gate
-from usage.budget_gate import Refusal
 from usage.requestlog import RequestEntry, new_request_id
 
 log = logging.getLogger("ocx.proxy")
 request_log = logging.getLogger("ocx.request")
 
-# A bare `provider/model` request has no combo, hence no routing state.
-_NO_STATE = ComboState()
 # Longer model names are refused (400): a name is a metric label, a log column, a Redis key.
 MAX_MODEL_NAME = 256
 # The metric label of every model a provider does not declare.
@@ -110,10 +104,6 @@ def _expired(info: KeyInfo) -> str:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-async def _sleep_ms(ms: int) -> None:
-    await asyncio.sleep(ms / 1000)
 
 
 class ProxyApp:
@@ -146,22 +136,16 @@ class ProxyApp:
                 # The worker's shutdown grace ran out: an explicit error, never a clean end.
                 outcome = "shutdown"
                 failure = lifecycle.SHUTDOWN_FAILURE
-                if not exchange.started:
-                    await exchange.respond(
-                        failure.status,
-                        error_payload(failure.status, failure.type, failure.code, failure.message),
-                    )
-                elif exchange.streaming and not exchange.upstream_done:
-                    await exchange.write(terminal_error_frame(exchange.protocol, failure))
+                await _fail(
+                    exchange,
+                    failure.status,
+                    error_payload(failure.status, failure.type, failure.code, failure.message),
+                    failure,
+                )
             except HTTPFailure as exc:
                 outcome = exc.code or "error"
-                if not exchange.started:
-                    await exchange.respond(exc.status, exc.body, exc.headers)
-                elif exchange.streaming and not exchange.upstream_done:
-                    # A buffered stream's keep-alive already sent the status line.
-                    await exchange.write(
-                        terminal_error_frame(exchange.protocol, exc.stream_failure())
-                    )
+                # (A buffered stream's keep-alive may already have sent the status line.)
+                await _fail(exchange, exc.status, exc.body, exc.stream_failure(), exc.headers)
             except ClientGone:
                 exchange.status = 499
                 outcome = "client_cancelled"
@@ -170,56 +154,49 @@ class ProxyApp:
                 # bad input, not a failure of ocx (no traceback in the log).
                 log.warning("request %s: body nested too deeply", request_id)
                 outcome = "invalid_json"
-                if not exchange.started:
-                    await exchange.respond(
-                        400,
-                        error_payload(
-                            400, "invalid_request_error", "invalid_json", NESTED_TOO_DEEPLY
-                        ),
-                    )
-                elif exchange.streaming and not exchange.upstream_done:
-                    await exchange.write(
-                        terminal_error_frame(
-                            exchange.protocol, truncation_failure("was interrupted inside ocx")
-                        )
-                    )
+                await _fail(
+                    exchange,
+                    400,
+                    error_payload(400, "invalid_request_error", "invalid_json", NESTED_TOO_DEEPLY),
+                    truncation_failure("was interrupted inside ocx"),
+                )
             except Exception:
                 # A bug or a state backend failure (Redis down): never a bare 500 and never a
                 # stream that ends as if complete.
                 log.exception("request %s failed inside ocx", request_id)
                 outcome = "internal_error"
-                if not exchange.started:
-                    await exchange.respond(
+                await _fail(
+                    exchange,
+                    502,
+                    error_payload(
                         502,
-                        error_payload(
-                            502,
-                            "server_error",
-                            "internal_error",
-                            f"ocx could not complete the request (request id {request_id})",
-                        ),
-                    )
-                elif exchange.streaming and not exchange.upstream_done:
-                    await exchange.write(
-                        terminal_error_frame(
-                            exchange.protocol, truncation_failure("was interrupted inside ocx")
-                        )
-                    )
+                        "server_error",
+                        "internal_error",
+                        f"ocx could not complete the request (request id {request_id})",
+                    ),
+                    truncation_failure("was interrupted inside ocx"),
+                )
             finally:
-                if exchange.committed_target:
-                    self._settle(exchange, outcome)
-                if exchange.key is not None:
-                    await self._charge(exchange)
-                if exchange.hold is not None:
-                    await self.runtime.reservations.release(exchange.hold)
-                if exchange.started:
-                    try:
-                        await exchange.finish()
-                    except OSError:
-                        outcome = "client_cancelled"
-                if exchange.logged:
-                    self._log(exchange, outcome, time.monotonic() - started)
-                if exchange.trace is not None:
-                    tracing.end_request(exchange.trace, exchange.entry, outcome)
+                await self._end(exchange, outcome, started)
+
+    async def _end(self, exchange: Exchange, outcome: str, started: float) -> None:
+        """Every request's end, whatever happened: its usage settled and charged, its budget
+        hold let go, its last chunk sent, its log entry and trace closed."""
+        if exchange.committed_target:
+            charging.settle(self.runtime, exchange, outcome)
+        if exchange.key is not None:
+            await charging.charge(self.runtime, exchange)
+        if exchange.hold is not None:
+            await self.runtime.reservations.release(exchange.hold)
+        if exchange.started:
+            try:
+                await exchange.finish()
+            except OSError:
+                outcome = "client_cancelled"
+        if exchange.logged:
+            self._log(exchange, outcome, time.monotonic() - started)
+        if exchange.trace is not None:
+            tracing.end_request(exchange.trace, exchange.entry, outcome)
 
     def _log(self, exchange: Exchange, outcome: str, elapsed: float) -> None:
         entry = exchange.entry
@@ -293,32 +270,7 @@ class ProxyApp:
         entry.requested_model = model if isinstance(model, str) else "?"
         entry.stream = exchange.streaming = request.get("stream") is True
         exchange.protocol = inbound
-        if not isinstance(model, str) or not model.strip():
-            raise HTTPFailure(
-                400,
-                "invalid_request_error",
-                "missing_model",
-                "model is required and must be a string",
-            )
-        if not model.isascii() and not encodable(model):
-            raise HTTPFailure(
-                400,
-                "invalid_request_error",
-                "invalid_model",
-                "model is not valid Unicode (it contains a lone surrogate escape)",
-            )
-        if len(model) > MAX_MODEL_NAME:
-            raise HTTPFailure(
-                400,
-                "invalid_request_error",
-                "model_too_long",
-                f"model must be at most {MAX_MODEL_NAME} characters (got {len(model)})",
-            )
-        stream = request.get("stream", False)
-        if not isinstance(stream, bool):
-            raise HTTPFailure(
-                400, "invalid_request_error", "invalid_type", "stream must be a boolean"
-            )
+        model, stream = _checked(request)
         refusal = model_refusal(key, model) if key.allowed_models or key.team_models else None
         if refusal is not None:
             raise HTTPFailure(403, "permission_error", "model_not_allowed", refusal)
@@ -347,72 +299,6 @@ class ProxyApp:
                 f"This key is limited to {key.rpm_limit} requests per minute",
                 refusals.retry_after(wait),
             )
-
-    def _settle(self, exchange: Exchange, outcome: str) -> None:
-        """The usage of a request that reached a client: the upstream's figures, checked, or
-        the estimate (`usage.estimate`) when they are bad or the answer was cut short."""
-        entry = exchange.entry
-        if not entry.target:
-            entry.target = exchange.committed_target  # the client left mid-answer
-            if entry.input_tokens is None and entry.output_tokens is None:
-                note_usage(entry, exchange.noted)
-        # Cut short: the client left, or the upstream broke after output (a combo's attempt
-        # `failed_after_commit`; a bare target's `served` with the failure's status).
-        cut_short = outcome == "client_cancelled" or any(
-            a.get("outcome") == "failed_after_commit"
-            or (a.get("outcome") == "served" and (a.get("status") or 0) >= 300)
-            for a in entry.attempts
-        )
-        estimate.settle(
-            entry,
-            request=exchange.request,
-            relayed=exchange.relayed,
-            cut_short=cut_short,
-            cap=estimate.context_window(self.runtime.snapshot, entry.target),
-            bad=entry.usage_bad,
-        )
-
-    async def _charge(self, exchange: Exchange) -> None:
-        """Count a finished request against the budgets (before its last byte is sent, so the
-        client's next request already sees it). Never fails the request."""
-        runtime, key = self.runtime, exchange.key
-        if key is None:
-            return
-        served = exchange.served_quota
-        providers = runtime.budgets.window_providers(runtime.keys) if served else frozenset()
-        if not key.budgets and (served is None or served[0][0] not in providers):
-            return
-        entry = exchange.entry
-        known = entry.input_tokens is not None or entry.output_tokens is not None
-        tokens = (entry.input_tokens or 0) + (entry.output_tokens or 0) if known else None
-        try:
-            usd = 0
-            if known and runtime.budgets.wants_cost(key.budgets):
-                usd = runtime.budgets.cost_micros(
-                    runtime.snapshot,
-                    entry.target,
-                    at=entry.at,
-                    input_tokens=entry.input_tokens,
-                    cached_tokens=entry.cached_tokens,
-                    output_tokens=entry.output_tokens,
-                )
-            if tokens is not None and key.budgets:
-                # The next reservation of this key on this model expects about as much.
-                runtime.reservations.recent.learn(key.id, entry.requested_model, tokens, usd)
-            hold = exchange.hold
-            shared = hold is not None and hold.shared
-            if await runtime.budgets.charge(
-                key.budgets,
-                tokens=tokens,
-                served=served,
-                now_ms=_now_ms(),
-                providers=providers,
-                usd_micros=usd,
-                release=hold.items if hold is not None and shared else (),
-            ):
-                exchange.hold = None  # let go in the charge's own call
-        except Exception:  # noqa: BLE001 - the answer is complete; only the count is lost
-            log.exception("could not count request %s against its budgets", exchange.request_id)
 
     def _authenticate(
         self,
@@ -483,7 +369,11 @@ class ProxyApp:
             masker=Masker(functools.partial(known_secrets, snapshot, forwarded)),
         )
         pairs = {t.key: credential_pair(snapshot, t, caller) for t in combo.targets}
-        unpriced = self._unpriced(snapshot, combo, model, key) if key.budgets else frozenset()
+        unpriced = (
+            charging.unpriced(self.runtime, snapshot, combo, model, key)
+            if key.budgets
+            else frozenset()
+        )
         gate = await self._admit(combo, pairs, key, exchange)
         result = await self._send(
             snapshot,
@@ -500,25 +390,6 @@ class ProxyApp:
         )
         if result is not None:
             await self._record(snapshot, combo, caller, pairs, gate, result, lane, key, exchange)
-
-    def _unpriced(
-        self, snapshot: ConfigSnapshot, combo: ComboSpec, model: str, key: KeyInfo
-    ) -> frozenset[str]:
-        """Under a dollar budget, the route's targets without a price (`usage.unpriced`): a
-        combo skips them; a route with only such targets is refused before any upstream."""
-        budget = pricing_gate.usd_budget(key.budgets)
-        if budget is None:
-            return frozenset()
-        prices = self.runtime.budgets.prices
-        found = pricing_gate.unpriced_keys(prices, snapshot, combo, time.time())
-        if found and all(t.key in found for t in combo.targets):
-            raise HTTPFailure(
-                400,
-                "invalid_request_error",
-                pricing_gate.CODE,
-                pricing_gate.refusal(model, found, budget),
-            )
-        return found
 
     async def _recall(
         self,
@@ -555,7 +426,7 @@ class ProxyApp:
         state = runtime.state_along(combo.id) if combo.id else ()
         counters = runtime.budgets.along(key.budgets, now) if key.budgets else None
         if key.budgets and counters is None:
-            _refuse(await runtime.budgets.admit(key.budgets, now), now, exchange.entry)
+            charging.refuse(await runtime.budgets.admit(key.budgets, now), now, exchange.entry)
         gate = await runtime.tracker.gate(
             (p for p in pairs.values() if p is not None),
             now=now,
@@ -564,9 +435,9 @@ class ProxyApp:
         )
         if counters:
             if gate.along is None:  # Redis out, or no round trip made: the budget store's copy
-                _refuse(await runtime.budgets.admit(key.budgets, now), now, exchange.entry)
+                charging.refuse(await runtime.budgets.admit(key.budgets, now), now, exchange.entry)
             else:
-                _refuse(
+                charging.refuse(
                     await runtime.budgets.admit_along(
                         key.budgets, counters, gate.along[len(state) :], now
                     ),
@@ -574,39 +445,12 @@ class ProxyApp:
                     exchange.entry,
                 )
         if key.budgets:
-            await self._reserve(combo, key, exchange, now)
+            await charging.reserve(self.runtime, combo, key, exchange, now)
         # A budget admitted here is charged at request end.
         exchange.key = key
         if state and gate.along is not None and not gate.leased:
             runtime.prime_state(combo.id, gate.along[0])
         return gate
-
-    async def _reserve(self, combo: ComboSpec, key: KeyInfo, exchange: Exchange, now: int) -> None:
-        """Reserve the request's expected cost against its budgets (`usage.reservations`): the
-        key's recent cost on this model, else the estimate of its input at the first target's
-        price. Refused when the requests in flight already take the rest of a budget."""
-        runtime = self.runtime
-        model = exchange.entry.requested_model
-        expected = runtime.reservations.recent.get(key.id, model)
-        if expected is None:
-            tokens, micros = estimate.input_estimate(exchange.request), 0
-            if runtime.budgets.wants_cost(key.budgets):
-                micros = runtime.budgets.cost_micros(
-                    runtime.snapshot,
-                    combo.targets[0].key,
-                    at=time.time(),
-                    input_tokens=tokens,
-                    cached_tokens=0,
-                    output_tokens=0,
-                )
-            expected = (tokens, micros)
-        hold = await runtime.reservations.reserve(
-            key.budgets, tokens=expected[0], micros=expected[1], now_ms=now
-        )
-        if isinstance(hold, Refusal):
-            _refuse(hold, now, exchange.entry)
-        else:
-            exchange.hold = hold
 
     async def _send(
         self,
@@ -647,9 +491,9 @@ class ProxyApp:
         )
         try:
             if not combo.id:
-                await _send_bare(relay, combo.targets[0])
+                await send_bare(relay, combo.targets[0])
                 return None
-            return await _send_route(relay)
+            return await send_route(relay)
         finally:
             await relay.release_probes()
 
@@ -716,75 +560,49 @@ class ProxyApp:
         finish_route(combo, result, states)
 
 
-async def _send_bare(relay: AttemptRelay, target: TargetSpec) -> None:
-    """A bare `provider/model`: its one attempt, refused up front when the target is out."""
-    ts = target_state(
-        target,
-        providers=relay.snapshot.providers,
-        state=_NO_STATE,
-        now=_now_ms(),
-        access=relay.access(target),
-    )
-    why = ts.skip or relay.predicate(target)
-    if why is not None:
-        raise HTTPFailure.shaped(
-            refusals.unavailable(
-                status=503,
-                type_="server_error",
-                code="provider_unavailable",
-                message=why if ts.until is None else f"{ts.target}: {status_label(ts)}",
-                until_ms=refusals.earliest_return([ts]),
-                now_ms=_now_ms(),
-            )
-        )
-    record_target(relay.exchange.entry, target, await relay.dispatch(target, True))
-
-
-async def _send_route(relay: AttemptRelay) -> RouteResult:
-    """A combo: the attempt loop over its targets, with the after-commit rescue of a stream."""
-    runtime, snapshot, combo, exchange = relay.runtime, relay.snapshot, relay.combo, relay.exchange
-    result = RouteResult()
-    rescue = None if not relay.stream or combo.after_commit == "error" else relay.rescue()
-    try:
-        await route(
-            combo,
-            snapshot.providers,
-            runtime.store,
-            dispatch=relay.dispatch if rescue is None else rescue.dispatch,
-            now=_now_ms,
-            sleep=_sleep_ms,
-            rng=runtime.rng,
-            predicate=relay.predicate,
-            quota_resets={
-                k: relay.gate.resets.get(p) for k, p in relay.pairs.items() if p is not None
-            },
-            on_cooldown=relay.on_cooldown,
-            result=result,
-            revision=snapshot.version,
-            access=relay.access,
-            on_recovered=alerting.recovered(runtime.alerts, combo.id, _now_ms),
-        )
-    except asyncio.CancelledError:
-        # Client abort: the request log still gets the attempt it made (status 499).
-        record_route(exchange.entry, result)
-        raise
-    except BufferOverflow as exc:
-        # Not the target's fault and no reason to hop: every target's answer is as long.
-        assert rescue is not None
-        exchange.roles = rescue.roles
-        key = rescue.attempted[-1]
-        result.attempts.append(AttemptRecord(key, 200, "stop", "buffer_limit_exceeded", None, 0))
-        record_route(exchange.entry, result, exchange.roles)
+def _checked(request: Mapping[str, Any]) -> tuple[str, bool]:
+    """The request's model and stream flag, or the 400 that says what is wrong with them."""
+    model = request.get("model")
+    if not isinstance(model, str) or not model.strip():
         raise HTTPFailure(
-            502, "upstream_error", "buffer_limit_exceeded", f"{exc} from {key}"
-        ) from None
-    finally:
-        if rescue is not None:
-            await rescue.close()
-    if rescue is not None:
-        rescue.apply(result)
-        exchange.roles = rescue.roles
-    return result
+            400,
+            "invalid_request_error",
+            "missing_model",
+            "model is required and must be a string",
+        )
+    if not model.isascii() and not encodable(model):
+        raise HTTPFailure(
+            400,
+            "invalid_request_error",
+            "invalid_model",
+            "model is not valid Unicode (it contains a lone surrogate escape)",
+        )
+    if len(model) > MAX_MODEL_NAME:
+        raise HTTPFailure(
+            400,
+            "invalid_request_error",
+            "model_too_long",
+            f"model must be at most {MAX_MODEL_NAME} characters (got {len(model)})",
+        )
+    stream = request.get("stream", False)
+    if not isinstance(stream, bool):
+        raise HTTPFailure(400, "invalid_request_error", "invalid_type", "stream must be a boolean")
+    return model, stream
+
+
+async def _fail(
+    exchange: Exchange,
+    status: int,
+    body: bytes,
+    in_band: StreamFailure,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    """An error as the client can still get it: the whole answer while no status line went
+    out; after it, a stream's in-band terminal error, unless its upstream attempt ended it."""
+    if not exchange.started:
+        await exchange.respond(status, body, headers)
+    elif exchange.streaming and not exchange.upstream_done:
+        await exchange.write(terminal_error_frame(exchange.protocol, in_band))
 
 
 def _where_to(
@@ -834,19 +652,3 @@ def _check_shape(
             ENCRYPTED_TASK_MESSAGE,
         )
     return encrypted
-
-
-def _refuse(refusal: Refusal | None, now: int, entry: RequestEntry | None = None) -> None:
-    """A used-up budget (PRODUCT §9.5) refuses the request, as a usage limit (§9.10); its
-    request-log row names it."""
-    if refusal is not None:
-        if entry is not None:
-            entry.budget = f"{refusal.budget.owner}: {refusal.budget.budget.describe()}"
-        raise HTTPFailure.shaped(
-            refusals.budget_exceeded(
-                message=refusal.message(),
-                reset_ms=refusal.reset_ms,
-                headers=refusal.headers(now),
-                now_ms=now,
-            )
-        )

@@ -27,15 +27,17 @@ from django.conf import settings
 
 from combos.selectors import credential_for
 from combos.shaping import child_body, compat_hop
-from gateway import caller_limits, refusals, tracing
+from combos.status import label as status_label
+from gateway import alerting, caller_limits, refusals, tracing
 from gateway.access import target_access
-from gateway.exchange import Exchange
-from gateway.rescue import Rescue
+from gateway.exchange import Exchange, HTTPFailure
+from gateway.outcomes import record_route, record_target
+from gateway.rescue import BufferOverflow, Rescue
 from gateway.runtime import Runtime
 from providers.upstream import Caller, Responder, attempt
 from quota.tracker import Gate
 from quota.windows import is_exhausted, windows_from_error, windows_from_headers
-from routing.attempts import Outcome
+from routing.attempts import AttemptRecord, Outcome, RouteResult, route
 from routing.classify import Failure, classifier_code
 from routing.eligibility import (
     Access,
@@ -43,15 +45,22 @@ from routing.eligibility import (
     forwards_caller_credential,
     target_state,
 )
+from routing.state import ComboState
 from routing.types import ComboSpec, ConfigSnapshot, ProviderSpec, TargetSpec
 from server import metrics
 from usage import unpriced as pricing_gate
 
 log = logging.getLogger("ocx.proxy")
+# A bare `provider/model` request has no combo, hence no routing state.
+_NO_STATE = ComboState()
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+async def _sleep_ms(ms: int) -> None:
+    await asyncio.sleep(ms / 1000)
 
 
 class Phase(enum.Enum):
@@ -407,3 +416,74 @@ def _note_overload(provider: str, target: str, failure: Failure, s: float, reque
         int(s * 1000),
         failure.message,
     )
+
+
+async def send_bare(relay: AttemptRelay, target: TargetSpec) -> None:
+    """A bare `provider/model`: its one attempt, refused up front when the target is out."""
+    ts = target_state(
+        target,
+        providers=relay.snapshot.providers,
+        state=_NO_STATE,
+        now=_now_ms(),
+        access=relay.access(target),
+    )
+    why = ts.skip or relay.predicate(target)
+    if why is not None:
+        raise HTTPFailure.shaped(
+            refusals.unavailable(
+                status=503,
+                type_="server_error",
+                code="provider_unavailable",
+                message=why if ts.until is None else f"{ts.target}: {status_label(ts)}",
+                until_ms=refusals.earliest_return([ts]),
+                now_ms=_now_ms(),
+            )
+        )
+    record_target(relay.exchange.entry, target, await relay.dispatch(target, True))
+
+
+async def send_route(relay: AttemptRelay) -> RouteResult:
+    """A combo: the attempt loop over its targets, with the after-commit rescue of a stream."""
+    runtime, snapshot, combo, exchange = relay.runtime, relay.snapshot, relay.combo, relay.exchange
+    result = RouteResult()
+    rescue = None if not relay.stream or combo.after_commit == "error" else relay.rescue()
+    try:
+        await route(
+            combo,
+            snapshot.providers,
+            runtime.store,
+            dispatch=relay.dispatch if rescue is None else rescue.dispatch,
+            now=_now_ms,
+            sleep=_sleep_ms,
+            rng=runtime.rng,
+            predicate=relay.predicate,
+            quota_resets={
+                k: relay.gate.resets.get(p) for k, p in relay.pairs.items() if p is not None
+            },
+            on_cooldown=relay.on_cooldown,
+            result=result,
+            revision=snapshot.version,
+            access=relay.access,
+            on_recovered=alerting.recovered(runtime.alerts, combo.id, _now_ms),
+        )
+    except asyncio.CancelledError:
+        # Client abort: the request log still gets the attempt it made (status 499).
+        record_route(exchange.entry, result)
+        raise
+    except BufferOverflow as exc:
+        # Not the target's fault and no reason to hop: every target's answer is as long.
+        assert rescue is not None
+        exchange.roles = rescue.roles
+        key = rescue.attempted[-1]
+        result.attempts.append(AttemptRecord(key, 200, "stop", "buffer_limit_exceeded", None, 0))
+        record_route(exchange.entry, result, exchange.roles)
+        raise HTTPFailure(
+            502, "upstream_error", "buffer_limit_exceeded", f"{exc} from {key}"
+        ) from None
+    finally:
+        if rescue is not None:
+            await rescue.close()
+    if rescue is not None:
+        rescue.apply(result)
+        exchange.roles = rescue.roles
+    return result
