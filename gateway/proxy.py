@@ -185,7 +185,7 @@ class ProxyApp:
         if exchange.committed_target:
             charging.settle(self.runtime, exchange, outcome)
         if exchange.key is not None:
-            await charging.charge(self.runtime, exchange)
+            await self._charge(exchange)
         if exchange.hold is not None:
             await self.runtime.reservations.release(exchange.hold)
         if exchange.started:
@@ -197,6 +197,10 @@ class ProxyApp:
             self._log(exchange, outcome, time.monotonic() - started)
         if exchange.trace is not None:
             tracing.end_request(exchange.trace, exchange.entry, outcome)
+
+    async def _charge(self, exchange: Exchange) -> None:
+        """Count a finished request against its budgets (`gateway.charging.charge`)."""
+        await charging.charge(self.runtime, exchange)
 
     def _log(self, exchange: Exchange, outcome: str, elapsed: float) -> None:
         entry = exchange.entry
