@@ -62,7 +62,7 @@ def add_usage(first: Usage | None, second: Usage | None) -> Usage | None:
 
 
 class Exchange(Protocol):
-    """What of `gateway.proxy.Exchange` the rescue uses."""
+    """What of `gateway.exchange.Exchange` the rescue uses."""
 
     started: bool
     upstream_done: bool

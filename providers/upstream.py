@@ -373,6 +373,55 @@ async def _read_bounded(resp: httpx.Response, limit: int, deadline_s: float) -> 
     return bytes(out)
 
 
+async def _send_request(
+    client: ProviderClient, request: httpx.Request, stream: bool, wait_ms: int
+) -> httpx.Response | Outcome:
+    """Send the request; its answer's status line and headers, or the failed attempt's
+    `Outcome`. A stream must start within firstByteMs; a non-streaming answer arrives whole
+    (headers included) when it is done, so it gets totalMs for everything (PRODUCT §3.1)."""
+    wait_s = wait_ms / 1000
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(wait_s) as window:
+            # Time spent waiting for ocx's own pool is not the upstream's: its window starts
+            # again when a connection frees (the wait itself is bounded, `ProviderClient`).
+            request.extensions[POOL_SLOT] = lambda: window.reschedule(loop.time() + wait_s)
+            return await client.send(request)
+    except LocalOverload as exc:
+        return Outcome(False, local_failure(exc.cause, str(exc)), cool=False)
+    except TimeoutError:
+        if request.extensions.get(POOL_WAIT):
+            # The attempt's window ended while it still waited for ocx's own pool.
+            return Outcome(
+                False, local_failure("pool_full", "no free upstream connection"), cool=False
+            )
+        kind = "timeout_first_byte" if stream else "timeout_total"
+        return Outcome(False, Failure(transport=kind, message="no response"))
+    except httpx.ConnectTimeout:
+        return Outcome(False, Failure(transport="timeout_connect", message="connect timeout"))
+    except httpx.ConnectError:
+        return Outcome(False, Failure(transport="connect", message="connection failed"))
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+        return Outcome(False, Failure(transport="reset", message="connection reset"))
+    except httpx.HTTPError as exc:
+        return Outcome(False, Failure(transport="connect", message=type(exc).__name__))
+
+
+async def _refused(
+    resp: httpx.Response, resp_headers: Mapping[str, str], upstream: Protocol_, idle_ms: int
+) -> Outcome:
+    """An error status: the failed attempt, with as much of its body as classification needs."""
+    try:
+        raw = await _read_bounded(resp, FAILURE_BODY_LIMIT, idle_ms / 1000)
+    except (TimeoutError, httpx.HTTPError):
+        raw = b""
+    if upstream == "anthropic":
+        from providers.wire import anthropic
+
+        raw = _anthropic_error_bytes(anthropic, resp.status_code, raw)
+    return Outcome(False, failure_from_response(resp.status_code, resp_headers, raw))
+
+
 async def attempt(
     *,
     client: ProviderClient,
@@ -395,35 +444,10 @@ async def attempt(
     payload = json.dumps(out_body, separators=(",", ":"), ensure_ascii=False).encode()
     t = provider.timeouts
     request = client.request(url, headers, payload)
-    # A stream must start within firstByteMs; a non-streaming answer arrives whole (headers
-    # included) when it is done, so it gets totalMs for everything (PRODUCT §3.1).
     started = time.monotonic()
-    wait_s = (t.first_byte_ms if stream else t.total_ms) / 1000
-    loop = asyncio.get_running_loop()
-    try:
-        async with asyncio.timeout(wait_s) as window:
-            # Time spent waiting for ocx's own pool is not the upstream's: its window starts
-            # again when a connection frees (the wait itself is bounded, `ProviderClient`).
-            request.extensions[POOL_SLOT] = lambda: window.reschedule(loop.time() + wait_s)
-            resp = await client.send(request)
-    except LocalOverload as exc:
-        return Outcome(False, local_failure(exc.cause, str(exc)), cool=False)
-    except TimeoutError:
-        if request.extensions.get(POOL_WAIT):
-            # The attempt's window ended while it still waited for ocx's own pool.
-            return Outcome(
-                False, local_failure("pool_full", "no free upstream connection"), cool=False
-            )
-        kind = "timeout_first_byte" if stream else "timeout_total"
-        return Outcome(False, Failure(transport=kind, message="no response"))
-    except httpx.ConnectTimeout:
-        return Outcome(False, Failure(transport="timeout_connect", message="connect timeout"))
-    except httpx.ConnectError:
-        return Outcome(False, Failure(transport="connect", message="connection failed"))
-    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
-        return Outcome(False, Failure(transport="reset", message="connection reset"))
-    except httpx.HTTPError as exc:
-        return Outcome(False, Failure(transport="connect", message=type(exc).__name__))
+    resp = await _send_request(client, request, stream, t.first_byte_ms if stream else t.total_ms)
+    if isinstance(resp, Outcome):
+        return resp
     try:
         resp_headers = {k.lower(): v for k, v in resp.headers.items()}
         if observe is not None:
@@ -431,15 +455,7 @@ async def attempt(
             if maybe is not None:
                 await maybe
         if resp.status_code >= 300:
-            try:
-                raw = await _read_bounded(resp, FAILURE_BODY_LIMIT, t.idle_ms / 1000)
-            except (TimeoutError, httpx.HTTPError):
-                raw = b""
-            if upstream == "anthropic":
-                from providers.wire import anthropic
-
-                raw = _anthropic_error_bytes(anthropic, resp.status_code, raw)
-            return Outcome(False, failure_from_response(resp.status_code, resp_headers, raw))
+            return await _refused(resp, resp_headers, upstream, t.idle_ms)
         # Freeform (`custom`) tools are sent as functions; their calls go back as
         # `custom_tool_call` items (codex-wire §3.3).
         custom = chat.custom_tool_names(body) if inbound == "responses" else frozenset()
@@ -807,245 +823,359 @@ async def _stream(
     include_usage: bool = True,
     declared: frozenset[str] | None = None,
 ) -> Outcome:
-    scanner = _scanner(upstream)
-    translator, preamble = _stream_translator(
-        inbound, upstream, target.model, caller.request_id, custom_tools, include_usage
+    reader = _StreamReader(
+        inbound, upstream, target, responder, caller, custom_tools, include_usage, declared
     )
-    if translator is None:
-        scanner.forward_raw()
-    # Pass-through Chat: the usage chunk ocx asked for is not shown to a client that did not.
-    drop_usage = translator is None and upstream == "chat" and not include_usage
-    pending: list[bytes] = [preamble] if preamble else []
-    committed = False
-    broken: StreamFailure | None = None
-    undeclared: str | None = None
-    usage: Usage | None = None
-    cut_malformed = 0  # translated streams stop at their first malformed frame
-    stalled = False
+    return await reader.run(_chunks(resp, first_byte_ms, idle_ms, reader.push))
 
-    def bad_frames() -> int:
+
+class _StreamReader:
+    """One streamed answer, from the upstream's chunks to the client's writes, in named steps:
+    read a chunk (`read`: the commit scanner, usage, where it must be cut), hold it until the
+    commit rule says output began (`commit_with`), relay it (`_relay`), then end: the upstream's
+    body ended (`_finish`, `_end_state`, `_complete`), it broke after commit (`_broke`), it timed
+    out or was cut (`_timed_out`, `_cut_off`), or the client left (`_client_left`). Before commit
+    any trouble is a failed attempt (the loop may hop); after it, the client gets an explicit
+    terminal error."""
+
+    __slots__ = (
+        "inbound",
+        "upstream",
+        "target",
+        "responder",
+        "caller",
+        "declared",
+        "scanner",
+        "translator",
+        "drop_usage",
+        "pending",
+        "committed",
+        "broken",
+        "undeclared",
+        "usage",
+        "cut_malformed",
+        "stalled",
+        "push",
+        "declined",
+    )
+
+    def __init__(
+        self,
+        inbound: Literal["responses", "chat"],
+        upstream: Protocol_,
+        target: TargetSpec,
+        responder: Responder,
+        caller: Caller,
+        custom_tools: frozenset[str],
+        include_usage: bool,
+        declared: frozenset[str] | None,
+    ) -> None:
+        self.inbound = inbound
+        self.upstream = upstream
+        self.target = target
+        self.responder = responder
+        self.caller = caller
+        self.declared = declared
+        self.scanner = _scanner(upstream)
+        self.translator, preamble = _stream_translator(
+            inbound, upstream, target.model, caller.request_id, custom_tools, include_usage
+        )
+        if self.translator is None:
+            self.scanner.forward_raw()
+        # Pass-through Chat: the usage chunk ocx asked for is not shown to a client that did not.
+        self.drop_usage = self.translator is None and upstream == "chat" and not include_usage
+        self.pending: list[bytes] = [preamble] if preamble else []
+        self.committed = False
+        self.broken: StreamFailure | None = None
+        self.undeclared: str | None = None
+        self.usage: Usage | None = None
+        self.cut_malformed = 0  # translated streams stop at their first malformed frame
+        self.stalled = False
+        self.push = _Push()
+        # A chunk the sink read and then left to the loop (the scanner cannot read a chunk
+        # twice): what it read of it.
+        self.declined: _Fed | None = None
+
+    async def run(self, chunks: AsyncIterator[bytes]) -> Outcome:
+        try:
+            try:
+                ended = await self._relay(chunks)
+            except TimeoutError:
+                ended = self._timed_out()
+            except httpx.HTTPError:
+                ended = self._cut_off()
+            except asyncio.CancelledError:
+                self._client_left()
+                raise
+        finally:
+            # The sink reaches this reader, which holds `push`: a cycle that would leave each
+            # stream's parser, scanner and closures to the collector.
+            self.push.sink = None
+        if ended is not None:
+            return ended
+        if self.broken is None:
+            ended = await self._finish()
+            if ended is not None:
+                return ended
+        if self.broken is None:
+            ended = await self._end_state()
+            if ended is not None:
+                return ended
+        if self.broken is not None:
+            return await self._broke()
+        return await self._complete()
+
+    def bad_frames(self) -> int:
         # A pass-through forwards every malformed frame; the scanner counted them as it read.
-        return scanner.malformed if translator is None else cut_malformed
+        return self.scanner.malformed if self.translator is None else self.cut_malformed
 
-    def translate(events: tuple[SSEEvent, ...]) -> bytes:
+    def translate(self, events: tuple[SSEEvent, ...]) -> bytes:
+        translator = self.translator
         if translator is None:
-            return _masked_frames(_client_events(events, drop_usage), caller.masker)
-        return _masked_outputs([translator.feed_event(e) for e in events], caller.masker)
+            return _masked_frames(_client_events(events, self.drop_usage), self.caller.masker)
+        return _masked_outputs([translator.feed_event(e) for e in events], self.caller.masker)
 
     def cut_at(
-        events: tuple[SSEEvent, ...], seen_bad: int
+        self, events: tuple[SSEEvent, ...], seen_bad: int
     ) -> tuple[int, StreamFailure, str | None] | None:
         """Where this batch must stop: a malformed frame in a translated stream (a pass-through
         forwards it as received, PRODUCT §5.4) or a call to an undeclared tool; else None.
         `seen_bad` is the scanner's malformed count before it read `events`: the frames are
         only searched when that count went up."""
         found: list[tuple[int, StreamFailure, str | None]] = []
-        searched = translator is not None and scanner.malformed > seen_bad
+        searched = self.translator is not None and self.scanner.malformed > seen_bad
         bad = _malformed_at(events) if searched else None
         if bad is not None:
             found.append((bad, truncation_failure("sent malformed stream data"), None))
-        tool = undeclared_at(upstream, events, declared)
+        tool = undeclared_at(self.upstream, events, self.declared)
         if tool is not None:
             found.append((tool[0], _undeclared_stream_failure(tool[1]), tool[1]))
         return min(found, key=lambda f: f[0]) if found else None
 
-    def read(chunk: bytes) -> _Fed:
-        nonlocal usage
+    def read(self, chunk: bytes) -> _Fed:
+        scanner = self.scanner
         seen_bad = scanner.malformed
         decision = scanner.feed(chunk)
         if decision.phase is Phase.FAILED:
             return _Fed(decision, None)
-        usage = _scan_usage(decision.events, usage)
-        return _Fed(decision, cut_at(decision.events, seen_bad))
+        self.usage = _scan_usage(decision.events, self.usage)
+        return _Fed(decision, self.cut_at(decision.events, seen_bad))
 
-    push = _Push()
-    # A chunk the sink read and then left to the loop (the scanner cannot read a chunk twice):
-    # what it read of it. Kept here, not on `push`: the sink would then reach itself through
-    # `push`, a cycle that left each stream's parser, scanner and closures to the collector.
-    declined: _Fed | None = None
-
-    async def commit_with(data: bytes) -> None:
-        nonlocal committed, pending
-        committed = True
-        await responder.commit(200, list(SSE_HEADERS), target)
-        await responder.write(b"".join(pending) + data)
-        pending = []
+    async def commit_with(self, data: bytes) -> None:
+        self.committed = True
+        responder = self.responder
+        await responder.commit(200, list(SSE_HEADERS), self.target)
+        await responder.write(b"".join(self.pending) + data)
+        self.pending = []
         # From here on, what a chunk needs is usually only a write: when the server can write
         # at once (`server.body_now`; issue #24), each chunk is handled from the upstream
-        # connection's callback, without a wake-up of this task, exactly as the loop below
-        # would (its plain-delta branch, or `read` and the last branch). A chunk that cuts the
+        # connection's callback, without a wake-up of this task, exactly as the loop would
+        # (its plain-delta branch, or `read` and the last branch). A chunk that cuts the
         # stream is left to the loop with what was read of it.
         writer_now = getattr(responder, "writer_now", None)
         write = writer_now() if writer_now is not None else None
         if write is not None:
-            masker = caller.masker
+            self.push.sink = self._sink(write)
 
-            def now(chunk: bytes) -> bool:
-                nonlocal declined
-                if translator is None and scanner.plain(chunk) and not masker.holds(chunk):
-                    write(chunk)
-                    return True
-                fed = read(chunk)  # never FAILED once committed: only a cut ends it early
-                if fed.cut is not None:
-                    declined = fed
-                    return False
-                data = translate(fed.decision.events)
-                if data:
-                    write(data)
+    def _sink(self, write: Callable[[bytes], None]) -> Callable[[bytes], bool]:
+        translator, scanner, masker = self.translator, self.scanner, self.caller.masker
+        read, translate = self.read, self.translate
+
+        def now(chunk: bytes) -> bool:
+            if translator is None and scanner.plain(chunk) and not masker.holds(chunk):
+                write(chunk)
                 return True
+            fed = read(chunk)  # never FAILED once committed: only a cut ends it early
+            if fed.cut is not None:
+                self.declined = fed
+                return False
+            data = translate(fed.decision.events)
+            if data:
+                write(data)
+            return True
 
-            push.sink = now
+        return now
 
-    def failed_before_commit(tool: str | None) -> Outcome:
-        if tool is not None:
-            return Outcome(False, _undeclared(tool), cool=False, malformed=bad_frames())
-        return Outcome(
-            False,
-            Failure(
-                status=502, transport="malformed", message="upstream sent malformed stream data"
-            ),
-            malformed=bad_frames(),
-        )
-
-    try:
-        async for chunk in _chunks(resp, first_byte_ms, idle_ms, push):
-            fed, declined = declined, None  # read already by the sink, which left it here
+    async def _relay(self, chunks: AsyncIterator[bytes]) -> Outcome | None:
+        """Read and relay each chunk: an Outcome when the attempt fails before commit, None when
+        the body ended or a cut broke the stream (`broken`)."""
+        scanner, translator, responder = self.scanner, self.translator, self.responder
+        masker = self.caller.masker
+        async for chunk in chunks:
+            fed, self.declined = self.declined, None  # read already by the sink, which left it
             if fed is None:
                 if (
-                    committed
+                    self.committed
                     and translator is None
                     and scanner.plain(chunk)
-                    and not caller.masker.holds(chunk)
+                    and not masker.holds(chunk)
                 ):
                     # One plain output delta of a pass-through (the usual streamed event) that
                     # spells no secret: nothing in it for the usage, tool-call, masking or end
                     # checks below.
                     await responder.write(chunk)
                     continue
-                fed = read(chunk)
+                fed = self.read(chunk)
             decision, cut = fed
             if decision.phase is Phase.FAILED:
-                assert decision.failure is not None
-                # A failure stops the scan at the failing frame, so search the whole batch.
-                if translator is not None and _malformed_at(decision.events) is not None:
-                    cut_malformed = 1  # Anthropic: malformed data is a failure frame
-                return Outcome(
-                    False, _failure_from_stream(decision.failure, "error"), malformed=bad_frames()
-                )
+                return self._failed(decision)
             if cut is not None:
-                cut_malformed = int(cut[2] is None)
-                # Before output this is a failed attempt (hop); after commit the client gets
-                # what preceded it, then an explicit terminal error (PRODUCT §5.4).
-                good = decision.events[: cut[0]]
-                data = translate(good)
-                if not committed:
-                    if not _commits(upstream, good):
-                        return failed_before_commit(cut[2])
-                    await commit_with(data)
-                else:
-                    await responder.write(data)
-                broken, undeclared = cut[1], cut[2]
-                break
-            data = translate(decision.events)
-            if not committed:
+                return await self._cut(decision, cut)
+            data = self.translate(decision.events)
+            if not self.committed:
                 if decision.phase is Phase.COMMITTED:
-                    await commit_with(data)
+                    await self.commit_with(data)
                 elif data:
-                    pending.append(data)
+                    self.pending.append(data)
             elif data:
                 await responder.write(data)
-    except TimeoutError:
-        if not committed:
-            kind = "timeout_idle" if scanner.buffered() else "timeout_first_byte"
+        return None
+
+    def _failed(self, decision: Decision) -> Outcome:
+        """The upstream's stream failed before commit (a failure frame): a failed attempt."""
+        assert decision.failure is not None
+        # A failure stops the scan at the failing frame, so search the whole batch.
+        if self.translator is not None and _malformed_at(decision.events) is not None:
+            self.cut_malformed = 1  # Anthropic: malformed data is a failure frame
+        return Outcome(
+            False, _failure_from_stream(decision.failure, "error"), malformed=self.bad_frames()
+        )
+
+    def _failed_before_commit(self, tool: str | None) -> Outcome:
+        if tool is not None:
+            return Outcome(False, _undeclared(tool), cool=False, malformed=self.bad_frames())
+        return Outcome(
+            False,
+            Failure(
+                status=502, transport="malformed", message="upstream sent malformed stream data"
+            ),
+            malformed=self.bad_frames(),
+        )
+
+    async def _cut(
+        self, decision: Decision, cut: tuple[int, StreamFailure, str | None]
+    ) -> Outcome | None:
+        """A batch that must stop (a malformed frame, an undeclared tool): before output this
+        is a failed attempt (hop); after commit the client gets what preceded it, then an
+        explicit terminal error (PRODUCT §5.4)."""
+        self.cut_malformed = int(cut[2] is None)
+        good = decision.events[: cut[0]]
+        data = self.translate(good)
+        if not self.committed:
+            if not _commits(self.upstream, good):
+                return self._failed_before_commit(cut[2])
+            await self.commit_with(data)
+        else:
+            await self.responder.write(data)
+        self.broken, self.undeclared = cut[1], cut[2]
+        return None
+
+    def _timed_out(self) -> Outcome | None:
+        if not self.committed:
+            kind = "timeout_idle" if self.scanner.buffered() else "timeout_first_byte"
             return Outcome(
                 False,
                 Failure(transport=kind, message="Upstream sent no output before the timeout"),
-                malformed=bad_frames(),
+                malformed=self.bad_frames(),
             )
         # After its terminal signal a stream that goes quiet is complete (judged by content).
-        if not scanner.terminal_seen:
-            broken, stalled = truncation_failure("stalled (idle timeout)"), True
-    except httpx.HTTPError:
-        if not committed:
+        if not self.scanner.terminal_seen:
+            self.broken, self.stalled = truncation_failure("stalled (idle timeout)"), True
+        return None
+
+    def _cut_off(self) -> Outcome | None:
+        if not self.committed:
             return Outcome(
                 False,
                 Failure(transport="reset", message="Upstream connection was cut"),
-                malformed=bad_frames(),
+                malformed=self.bad_frames(),
             )
-        if not scanner.terminal_seen:
-            broken = truncation_failure("connection was cut")
-    except asyncio.CancelledError:
-        if committed and usage is not None:
+        if not self.scanner.terminal_seen:
+            self.broken = truncation_failure("connection was cut")
+        return None
+
+    def _client_left(self) -> None:
+        usage = self.usage
+        if self.committed and usage is not None:
             # The client left: the upstream's figures so far (final once its end was seen;
             # before it, only the input is, as Anthropic reports it first).
-            known = usage if scanner.terminal_seen else Usage(usage.input, None, usage.cached)
-            _note_usage(responder, target, known)
-        raise
-    if broken is None:
+            known = usage if self.scanner.terminal_seen else Usage(usage.input, None, usage.cached)
+            _note_usage(self.responder, self.target, known)
+
+    async def _finish(self) -> Outcome | None:
+        """The upstream's body ended: what the scanner still held, cut, committed or relayed."""
+        scanner = self.scanner
         seen_bad = scanner.malformed
         decision = scanner.finish()
-        usage = _scan_usage(decision.events, usage)
-        if not committed and decision.phase is Phase.FAILED:
-            assert decision.failure is not None
-            if translator is not None and _malformed_at(decision.events) is not None:
-                cut_malformed = 1
-            return Outcome(
-                False, _failure_from_stream(decision.failure, "error"), malformed=bad_frames()
-            )
+        self.usage = _scan_usage(decision.events, self.usage)
+        if not self.committed and decision.phase is Phase.FAILED:
+            return self._failed(decision)
         events = decision.events
-        cut = cut_at(events, seen_bad)
+        cut = self.cut_at(events, seen_bad)
         if cut is not None:
-            cut_malformed = int(cut[2] is None)
+            self.cut_malformed = int(cut[2] is None)
             events = events[: cut[0]]
-            broken, undeclared = cut[1], cut[2]
-            if not committed and not _commits(upstream, events):
-                return failed_before_commit(undeclared)
+            self.broken, self.undeclared = cut[1], cut[2]
+            if not self.committed and not _commits(self.upstream, events):
+                return self._failed_before_commit(self.undeclared)
         tail = (
-            _last_frame(_client_events(events, drop_usage), caller.masker)
-            if translator is None
-            else translate(events)
+            _last_frame(_client_events(events, self.drop_usage), self.caller.masker)
+            if self.translator is None
+            else self.translate(events)
         )
-        if not committed:
+        if not self.committed:
             # The stream completed without visible output (e.g. an empty answer): commit it.
-            await commit_with(tail)
+            await self.commit_with(tail)
         elif tail:
-            await responder.write(tail)
-    if broken is None:
+            await self.responder.write(tail)
+        return None
+
+    async def _end_state(self) -> Outcome | None:
+        """How the stream's content says it ended: truncated or open is broken; an upstream
+        `response.failed` after output is the attempt's outcome."""
+        scanner = self.scanner
         end = scanner.end_state()
         if end is EndState.TRUNCATED or end is EndState.OPEN:
-            broken = truncation_failure("stream ended before completion")
+            self.broken = truncation_failure("stream ended before completion")
         elif end is EndState.FAILED:
             sf = scanner.failure or truncation_failure("failed")
-            if translator is not None:
-                await responder.write(translator.close())
+            if self.translator is not None:
+                await self.responder.write(self.translator.close())
             return Outcome(
                 True,
                 _failure_from_stream(sf, "response.failed"),
                 status=200,
-                usage=usage,
-                malformed=bad_frames(),
+                usage=self.usage,
+                malformed=self.bad_frames(),
             )
-    if broken is not None:
-        if translator is not None:
-            await responder.write(translator.fail(broken))
+        return None
+
+    async def _broke(self) -> Outcome:
+        """Broken after commit: the client gets an explicit terminal error, never a clean end."""
+        broken, undeclared = self.broken, self.undeclared
+        assert broken is not None
+        if self.translator is not None:
+            await self.responder.write(self.translator.fail(broken))
         else:
-            await responder.write(terminal_error_frame(inbound, broken))  # type: ignore[arg-type]
+            await self.responder.write(terminal_error_frame(self.inbound, broken))
         failure = (
             _undeclared(undeclared) if undeclared is not None else _failure_from_stream(broken)
         )
-        if stalled:
+        if self.stalled:
             failure = dataclasses.replace(failure, timed_out=True)  # never retried (#43)
         return Outcome(
             True,
             failure,
             status=200,
-            usage=usage,
-            malformed=bad_frames(),
+            usage=self.usage,
+            malformed=self.bad_frames(),
             cool=undeclared is None,
         )
-    if translator is not None:
-        await responder.write(translator.close())
-    elif upstream == "chat" and not scanner.done_seen:
-        # A Chat stream complete without its `[DONE]` trailer: the client still gets one.
-        await responder.write(DONE_FRAME)
-    return Outcome(True, status=200, usage=usage, malformed=bad_frames())
+
+    async def _complete(self) -> Outcome:
+        if self.translator is not None:
+            await self.responder.write(self.translator.close())
+        elif self.upstream == "chat" and not self.scanner.done_seen:
+            # A Chat stream complete without its `[DONE]` trailer: the client still gets one.
+            await self.responder.write(DONE_FRAME)
+        return Outcome(True, status=200, usage=self.usage, malformed=self.bad_frames())

@@ -21,7 +21,7 @@ from routing.classify import Decision, Failure, classify, overflow_allows
 from routing.cooldown import cooldown
 from routing.eligibility import AccessOf
 from routing.retry import retry_wait
-from routing.strategies import Predicate, Sleep, retry_after_seconds, select
+from routing.strategies import Predicate, Selection, Sleep, retry_after_seconds, select
 from routing.types import ComboSpec, ProviderSpec, TargetSpec
 
 
@@ -114,92 +114,197 @@ async def route(
     nothing into the new definition's state (`state.stamped`)."""
     # Filled in place, so a caller whose request is cancelled still has the trace so far.
     result = RouteResult() if result is None else result
-    attempted: set[str] = set()
-    seen_skips: set[tuple[str, str]] = set()
-    after_failure = False
-    retry_available = True
-    overflow: Predicate | None = None
+    loop = _Loop(
+        combo,
+        providers,
+        store,
+        dispatch=dispatch,
+        now=now,
+        sleep=sleep,
+        rng=rng,
+        predicate=predicate,
+        quota_resets=quota_resets,
+        on_cooldown=on_cooldown,
+        result=result,
+        revision=revision,
+        access=access,
+        on_recovered=on_recovered,
+    )
     first = True
     while True:
-        selection = await select(
-            combo,
-            providers,
-            store,
-            now=now,
-            sleep=sleep,
-            rng=rng,
-            attempted=frozenset(attempted),
-            predicate=_and(predicate, overflow),
-            after_failure=after_failure,
-            quota_resets=quota_resets,
-            single_target_retry=retry_available,
-            revision=revision,
-            access=access,
-        )
-        for skip in selection.skipped:
-            if skip not in seen_skips and skip[1] != "attempted":
-                seen_skips.add(skip)
-                result.skipped.append(skip)
+        selection = await loop.pick()
         target = selection.target
         if target is None:
             if first:
-                result.unavailable = True
-                result.retry_after = (
-                    None
-                    if selection.retry_at is None
-                    else str(retry_after_seconds(selection.retry_at, now()))
-                )
+                loop.unavailable(selection)
             return result
         first = False
         if selection.single_target_retry:
-            retry_available = False
-        key = target.key
+            loop.retry_available = False
+        outcome, elapsed = await loop.attempt(selection, target)
+        if outcome.committed and outcome.failure is None:
+            await loop.served(selection, target, outcome, elapsed)
+            return result
+        if await loop.failed(selection, target, outcome, elapsed):
+            return result
+
+
+class _Loop:
+    """What `route` carries from one pick to the next, and its steps: pick a target, attempt
+    it, then note a success, or a failure (cool, record, hop or stop)."""
+
+    def __init__(
+        self,
+        combo: ComboSpec,
+        providers: Mapping[str, ProviderSpec],
+        store: st.StateStore,
+        *,
+        dispatch: Dispatch,
+        now: Callable[[], int],
+        sleep: Sleep,
+        rng: random.Random,
+        predicate: Predicate | None,
+        quota_resets: Mapping[str, int | None] | None,
+        on_cooldown: Callable[[str, int, str], None] | None,
+        result: RouteResult,
+        revision: int,
+        access: AccessOf | None,
+        on_recovered: Callable[[str], None] | None,
+    ) -> None:
+        self.combo = combo
+        self.providers = providers
+        self.store = store
+        self.dispatch = dispatch
+        self.now = now
+        self.sleep = sleep
+        self.rng = rng
+        self.predicate = predicate
+        self.quota_resets = quota_resets
+        self.on_cooldown = on_cooldown
+        self.result = result
+        self.revision = revision
+        self.access = access
+        self.on_recovered = on_recovered
+        self.attempted: set[str] = set()
+        self.seen_skips: set[tuple[str, str]] = set()
+        self.after_failure = False
+        self.retry_available = True
+        self.overflow: Predicate | None = None
+
+    async def pick(self) -> Selection:
+        """The next target (or none), its skips added to the route trace once each."""
+        selection = await select(
+            self.combo,
+            self.providers,
+            self.store,
+            now=self.now,
+            sleep=self.sleep,
+            rng=self.rng,
+            attempted=frozenset(self.attempted),
+            predicate=_and(self.predicate, self.overflow),
+            after_failure=self.after_failure,
+            quota_resets=self.quota_resets,
+            single_target_retry=self.retry_available,
+            revision=self.revision,
+            access=self.access,
+        )
+        for skip in selection.skipped:
+            if skip not in self.seen_skips and skip[1] != "attempted":
+                self.seen_skips.add(skip)
+                self.result.skipped.append(skip)
+        return selection
+
+    def unavailable(self, selection: Selection) -> None:
+        """The first pick found nothing: 503 combo_unavailable, with when to retry."""
+        self.result.unavailable = True
+        self.result.retry_after = (
+            None
+            if selection.retry_at is None
+            else str(retry_after_seconds(selection.retry_at, self.now()))
+        )
+
+    async def _update(self, update: Update) -> None:
+        await self.store.update(self.combo.id, st.stamped(self.combo, self.revision, update))
+
+    async def attempt(self, selection: Selection, target: TargetSpec) -> tuple[Outcome, int]:
         try:
-            outcome, elapsed = await _dispatch_retrying(
-                combo, providers, target, dispatch, result, now=now, sleep=sleep, rng=rng
+            return await _dispatch_retrying(
+                self.combo,
+                self.providers,
+                target,
+                self.dispatch,
+                self.result,
+                now=self.now,
+                sleep=self.sleep,
+                rng=self.rng,
             )
         except (asyncio.CancelledError, Exception):
             # The client went, or the dispatch stopped for a reason of its own (a buffered
             # answer over its bound): the pick's probe lease is handed back either way.
-            await store.update(
-                combo.id, st.stamped(combo, revision, _aborted(combo, key, selection.probe))
-            )
+            await self._update(_aborted(self.combo, target.key, selection.probe))
             raise
-        if outcome.committed and outcome.failure is None:
-            # A success that changes nothing in the state this pick saw (a healthy failover
-            # target) is not written: one store round trip less per request. A cooldown another
-            # worker set meanwhile then stays until it ends, the conservative way round.
-            seen = selection.state
-            if seen is None or st.note_success(seen, combo, key) != seen:
-                await store.update(combo.id, st.stamped(combo, revision, _succeeded(combo, key)))
-            if on_recovered is not None and seen is not None and key in seen.cooldowns:
-                on_recovered(key)  # a cooled or half-open target served: healthy again
-            result.attempts.append(
-                AttemptRecord(key, outcome.status, "served", "", None, elapsed, outcome.malformed)
-            )
-            result.served = target
-            result.usage = outcome.usage
-            return result
+
+    async def served(
+        self, selection: Selection, target: TargetSpec, outcome: Outcome, elapsed: int
+    ) -> None:
+        key = target.key
+        # A success that changes nothing in the state this pick saw (a healthy failover
+        # target) is not written: one store round trip less per request. A cooldown another
+        # worker set meanwhile then stays until it ends, the conservative way round.
+        seen = selection.state
+        if seen is None or st.note_success(seen, self.combo, key) != seen:
+            await self._update(_succeeded(self.combo, key))
+        if self.on_recovered is not None and seen is not None and key in seen.cooldowns:
+            self.on_recovered(key)  # a cooled or half-open target served: healthy again
+        self.result.attempts.append(
+            AttemptRecord(key, outcome.status, "served", "", None, elapsed, outcome.malformed)
+        )
+        self.result.served = target
+        self.result.usage = outcome.usage
+
+    async def failed(
+        self, selection: Selection, target: TargetSpec, outcome: Outcome, elapsed: int
+    ) -> bool:
+        """A failed attempt noted; True when the route ends here (served after all, or stop)."""
         failure = outcome.failure
         assert failure is not None
         decision = classify(failure)
         if decision.local_overload:
-            # ocx's own limit, not the target's: no cooldown, no failure noted, no hop counted
-            # against it (only a probe lease this pick took is handed back, as on an abort). The
-            # request may still try another target, which has its own pool.
-            if selection.probe:
-                await store.update(
-                    combo.id, st.stamped(combo, revision, _aborted(combo, key, True))
-                )
-            result.attempts.append(
-                AttemptRecord(key, None, "local_overload", decision.reason, None, elapsed)
-            )
-            result.failure = failure
-            result.decision = decision
-            attempted.add(key)
-            after_failure = True
-            continue
-        at = now()
+            await self._local_overload(selection, target.key, failure, decision, elapsed)
+            return False
+        decision, until = await self._cool(selection, target, outcome, decision)
+        return self._after_failure(target, outcome, decision, until, elapsed)
+
+    async def _local_overload(
+        self,
+        selection: Selection,
+        key: str,
+        failure: Failure,
+        decision: Decision,
+        elapsed: int,
+    ) -> None:
+        # ocx's own limit, not the target's: no cooldown, no failure noted, no hop counted
+        # against it (only a probe lease this pick took is handed back, as on an abort). The
+        # request may still try another target, which has its own pool.
+        if selection.probe:
+            await self._update(_aborted(self.combo, key, True))
+        self.result.attempts.append(
+            AttemptRecord(key, None, "local_overload", decision.reason, None, elapsed)
+        )
+        self.result.failure = failure
+        self.result.decision = decision
+        self.attempted.add(key)
+        self.after_failure = True
+
+    async def _cool(
+        self, selection: Selection, target: TargetSpec, outcome: Outcome, decision: Decision
+    ) -> tuple[Decision, int | None]:
+        """Cool what the failure's scope says (none for the caller's own credential); the
+        decision as recorded and the cooldown's end."""
+        failure = outcome.failure
+        assert failure is not None
+        key, combo = target.key, self.combo
+        at = self.now()
         if outcome.callers_own and not outcome.committed:
             # Another caller's valid token would be served: no cooldown, stickiness kept, only
             # a probe lease this request held is given back. No retry of the same target.
@@ -208,21 +313,31 @@ async def route(
             )
             until: int | None = None
             cooled: tuple[str, ...] = ()
-            retry_available = False
+            self.retry_available = False
             if selection.probe:
-                await store.update(
-                    combo.id, st.stamped(combo, revision, _aborted(combo, key, True))
-                )
+                await self._update(_aborted(combo, key, True))
         else:
             found = cooldown(failure, decision, combo_cooldown_ms=combo.cooldown_ms, now=at)
             until = None if found is None or not outcome.cool else at + found.ms
             cooled = _cooled_keys(combo, target, decision) if until is not None else ()
-            await store.update(
-                combo.id, st.stamped(combo, revision, _failed(combo, (key, *cooled), until, at))
-            )
-        if until is not None and on_cooldown is not None:
+            await self._update(_failed(combo, (key, *cooled), until, at))
+        if until is not None and self.on_cooldown is not None:
             for other in cooled:
-                on_cooldown(other, until, decision.reason)
+                self.on_cooldown(other, until, decision.reason)
+        return decision, until
+
+    def _after_failure(
+        self,
+        target: TargetSpec,
+        outcome: Outcome,
+        decision: Decision,
+        until: int | None,
+        elapsed: int,
+    ) -> bool:
+        """Record the failed attempt: broken after commit or a stop ends the route (True); a
+        hop goes on, to a target with a larger context window when that was the cause."""
+        failure, result, key = outcome.failure, self.result, target.key
+        assert failure is not None
         if outcome.committed:
             result.attempts.append(
                 AttemptRecord(
@@ -239,24 +354,25 @@ async def route(
             result.usage = outcome.usage
             result.failed_after_commit = True
             result.failure = failure
-            return result
+            return True
         result.failure = failure
         result.decision = decision
         if not decision.hop:
             result.attempts.append(
                 AttemptRecord(key, failure.status, "stop", decision.reason, until, elapsed)
             )
-            return result
+            return True
         result.attempts.append(
             AttemptRecord(
                 key, failure.status, "hop", decision.reason, until, elapsed, outcome.malformed
             )
         )
-        attempted.add(key)
-        after_failure = True
+        self.attempted.add(key)
+        self.after_failure = True
         if decision.needs_larger_context:
-            failed_window = _context_window(providers, target)
-            overflow = _larger_than(providers, failed_window)
+            failed_window = _context_window(self.providers, target)
+            self.overflow = _larger_than(self.providers, failed_window)
+        return False
 
 
 async def _dispatch_retrying(

@@ -776,15 +776,9 @@ _TRANSPORT_REASON: Mapping[str, str] = MappingProxyType(
 )
 
 
-def classify(failure: Failure) -> Decision:
-    """Decide hop or stop for one pre-commit failure, evaluating §3.2 row by row.
-
-    A transport failure (no status) hops and cools the target (PRODUCT §5.2, §5.5). A stream
-    event without a status gets one from `stream_failure_status`. Rows 7–8 (definite context
-    overflow) hop without cooling and set `needs_larger_context`; the §5.1 compatibility refusals
-    and the `response_format` refusal hop without cooling. Client aborts must be handled by the
-    caller before classification; a 499 here stops without cooling.
-    """
+def _before_status(failure: Failure) -> Decision | None:
+    """The rows decided before any status: ocx's own limit, an undeclared tool, a transport
+    failure (no status, no stream event); None for the rest."""
     if failure.transport == "local":
         # ocx ran out of its own pool slots or file descriptors before reaching the upstream:
         # not the target's fault. Another target (its own pool) may still serve the request.
@@ -814,6 +808,21 @@ def classify(failure: Failure) -> Decision:
             scope="target",
             code=kind,
         )
+    return None
+
+
+def classify(failure: Failure) -> Decision:
+    """Decide hop or stop for one pre-commit failure, evaluating §3.2 row by row.
+
+    A transport failure (no status) hops and cools the target (PRODUCT §5.2, §5.5). A stream
+    event without a status gets one from `stream_failure_status`. Rows 7–8 (definite context
+    overflow) hop without cooling and set `needs_larger_context`; the §5.1 compatibility refusals
+    and the `response_format` refusal hop without cooling. Client aborts must be handled by the
+    caller before classification; a 499 here stops without cooling.
+    """
+    early = _before_status(failure)
+    if early is not None:
+        return early
     f = _facts(failure)
     classifier = _shared_classifier(f)
     status = f.status

@@ -167,10 +167,22 @@ def target_state(
         # The common case on the hot path: nothing applies, one shared value per target.
         return _available(key, access.quota == "none")
     pinned = override == key
+    unusable = _unusable(target, provider, access, pinned)
+    if unusable is not None:
+        return unusable
+    if pinned:
+        # A manual pin bypasses quota, cooldowns and probes (no automatic switching, §8.5).
+        return TargetState(key, "pinned", None, detail="every request goes here (manual pin)")
+    return _held_off(key, state=state, now=now, override=override, access=access, reasons=reasons)
+
+
+def _unusable(
+    target: TargetSpec, provider: ProviderSpec | None, access: Access, pinned: bool
+) -> TargetState | None:
+    """A target no request can use: its provider missing or disabled, or no credential."""
+    key = target.key
     skip: str | None = None
     shown: State | None = "pinned" if pinned else None
-    until: int | None = None
-    credential: str | None = None
     detail: str | None = None
 
     def show(name: State) -> None:
@@ -194,9 +206,31 @@ def target_state(
         if pinned:
             detail = f"pinned, but {detail}"
         return TargetState(key, shown or "available", skip, detail=detail)
-    if pinned:
-        # A manual pin bypasses quota, cooldowns and probes (no automatic switching, §8.5).
-        return TargetState(key, "pinned", None, detail="every request goes here (manual pin)")
+    return None
+
+
+def _held_off(
+    key: str,
+    *,
+    state: ComboState,
+    now: int,
+    override: str | None,
+    access: Access,
+    reasons: Mapping[str, str] | None,
+) -> TargetState:
+    """A usable, unpinned target: held off by its quota, a cooldown, a probe or another
+    target's pin, or available (with what the status pages say of it)."""
+    skip: str | None = None
+    shown: State | None = None
+    until: int | None = None
+    credential: str | None = None
+    detail: str | None = None
+
+    def show(name: State) -> None:
+        nonlocal shown
+        if shown is None:
+            shown = name
+
     quota = access.quota
     if quota == "limited":
         skip = SKIP_QUOTA_EXHAUSTED

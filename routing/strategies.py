@@ -419,6 +419,32 @@ def advance_after_failure(
     )
 
 
+def _selection(
+    result: Plan, waited: int, notes: list[str], state: ComboState | None = None
+) -> Selection:
+    return Selection(
+        target=result.target,
+        skipped=result.skipped,
+        waited_ms=waited,
+        retry_at=result.retry_at,
+        probe=result.probe,
+        single_target_retry=result.single_target_retry,
+        notes=tuple(notes),
+        state=state if result.target is not None else None,
+    )
+
+
+def _wait_note(combo_id: str, result: Plan) -> str:
+    if result.deferring:
+        return (
+            f"[combo] {combo_id}: deferring last resort, "
+            f"waiting {result.wait_ms}ms for {result.wait_for}"
+        )
+    return (
+        f"[combo] {combo_id}: all targets cooling, waiting {result.wait_ms}ms for {result.wait_for}"
+    )
+
+
 async def select(
     combo: ComboSpec,
     providers: Mapping[str, ProviderSpec],
@@ -475,38 +501,17 @@ async def select(
 
         return await store.update(spec.id, stamped(spec, revision, step))
 
-    def done(result: Plan, state: ComboState | None = None) -> Selection:
-        return Selection(
-            target=result.target,
-            skipped=result.skipped,
-            waited_ms=waited,
-            retry_at=result.retry_at,
-            probe=result.probe,
-            single_target_retry=result.single_target_retry,
-            notes=tuple(notes),
-            state=state if result.target is not None else None,
-        )
-
     if after_failure:
         hop, state = await run(combo, now(), 0, True)
         if hop.target is not None:
-            return done(hop, state)
+            return _selection(hop, waited, notes, state)
     final = False
     while True:
         started = now()
         result, state = await run(combo, started, 0 if final else budget, False)
         if result.wait_ms <= 0:
-            return done(result, state)
-        if result.deferring:
-            note = (
-                f"[combo] {combo.id}: deferring last resort, "
-                f"waiting {result.wait_ms}ms for {result.wait_for}"
-            )
-        else:
-            note = (
-                f"[combo] {combo.id}: all targets cooling, "
-                f"waiting {result.wait_ms}ms for {result.wait_for}"
-            )
+            return _selection(result, waited, notes, state)
+        note = _wait_note(combo.id, result)
         notes.append(note)
         if log is not None:
             log(note)
@@ -518,5 +523,5 @@ async def select(
         if refresh is not None:
             current = refresh()
             if current is None or current.id != combo.id:
-                return done(Plan(skipped=result.skipped))
+                return _selection(Plan(skipped=result.skipped), waited, notes)
             combo = current

@@ -340,6 +340,21 @@ def _validate_combo_body(
         MSG_BUFFER_MAX_BYTES,
     )
 
+    issues.extend(_validate_names(raw, providers, other_aliases))
+    issues.extend(_validate_override(raw, target_keys))
+    issues.extend(_validate_retry(raw.get("retrySameTarget")))
+    issues.extend(unknown_fields(raw, _COMBO_FIELDS, ()))
+    return issues
+
+
+def _validate_names(
+    raw: Mapping[str, object],
+    providers: Mapping[str, ProviderInfo],
+    other_aliases: list[tuple[str, str]],
+) -> list[Issue]:
+    """The names a combo is known by: its alias (grammar, collisions), the native alias and
+    its display name."""
+    issues: list[Issue] = []
     native = raw.get("nativeAlias") is True
     alias: str | None = None
     raw_alias = raw.get("alias")
@@ -353,7 +368,8 @@ def _validate_combo_body(
         if error is not None:
             issues.append(Issue(("alias",), error))
 
-    check("nativeAlias", isinstance(raw.get("nativeAlias"), bool), MSG_NATIVE_BOOL)
+    if "nativeAlias" in raw and not isinstance(raw.get("nativeAlias"), bool):
+        issues.append(Issue(("nativeAlias",), MSG_NATIVE_BOOL))
     if native and alias not in NATIVE_ALIAS_SLUGS:
         issues.append(Issue(("nativeAlias",), MSG_NATIVE_UNSUPPORTED))
 
@@ -367,10 +383,6 @@ def _validate_combo_body(
             issues.append(Issue(("displayName",), MSG_DISPLAY_BOUNDS))
     if native and display is None and (raw_display is None or isinstance(raw_display, str)):
         issues.append(Issue(("displayName",), MSG_DISPLAY_REQUIRED))
-
-    issues.extend(_validate_override(raw, target_keys))
-    issues.extend(_validate_retry(raw.get("retrySameTarget")))
-    issues.extend(unknown_fields(raw, _COMBO_FIELDS, ()))
     return issues
 
 

@@ -26,7 +26,9 @@ from hypothesis import strategies as st
 
 from combos import live
 from combos.status import credential_view
-from gateway.proxy import _access, _credential_pair, fingerprint
+from gateway.access import credential_pair as _credential_pair
+from gateway.access import fingerprint
+from gateway.access import target_access as _access
 from providers.upstream import Caller
 from quota import windows as qw
 from quota.tracker import MemoryJsonStore, QuotaTracker, Record
