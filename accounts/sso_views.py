@@ -9,6 +9,7 @@ import logging
 import re
 from typing import Any
 
+import jwt
 import requests
 from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.models import AbstractBaseUser
@@ -88,6 +89,24 @@ class SsoBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
         if request is None or not sso.enabled() or request.path_info != CALLBACK_PATH:
             return None
         return super().authenticate(request, nonce=nonce, code_verifier=code_verifier)
+
+    def retrieve_matching_jwk(self, token: str) -> Any:
+        if "kid" in jwt.get_unverified_header(token):
+            return super().retrieve_matching_jwk(token)
+        # A `kid` is optional (RFC 7515): a provider with one signing key may leave it out.
+        response = requests.get(self.OIDC_OP_JWKS_ENDPOINT, timeout=sso.REQUEST_TIMEOUT_S)
+        response.raise_for_status()
+        keys = [
+            key
+            for key in response.json().get("keys", [])
+            if key.get("use", "sig") == "sig"
+            and key.get("alg", self.OIDC_RP_SIGN_ALGO) == self.OIDC_RP_SIGN_ALGO
+        ]
+        if len(keys) != 1:
+            raise SuspiciousOperation(
+                "The ID token names no key (kid) and the provider has several."
+            )
+        return jwt.PyJWK(keys[0])
 
     def get_or_create_user(self, access_token: str, id_token: str, payload: dict[str, Any]) -> Any:
         issuer = sso.endpoints().issuer
