@@ -27,7 +27,11 @@ from ocxsite.settings import oidc_config
 from tests.conftest import ROOT
 
 # Real commits: the audit trail writes its entries when a change's transaction commits.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    # The provider's own library (authlib) warns about its deprecated internals.
+    pytest.mark.filterwarnings("ignore::DeprecationWarning:authlib.*"),
+]
 
 CLIENT_ID = "ocx-test-client"
 CLIENT_SECRET = "oidc-client-secret-never-shown-0123456789"
