@@ -13,7 +13,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, Group
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from accounts import roles
 from accounts.models import SsoIdentity
@@ -133,6 +133,14 @@ def sso_sign_in(*, issuer: str, claims: Mapping[str, Any]) -> AbstractBaseUser:
     """The user the provider's (verified) claims sign in, with their teams and role brought in
     line with the claims. Raises SsoRefused (nothing is changed then)."""
     found = read_claims(claims)
+    try:
+        return _sign_in(issuer=issuer, found=found)
+    except IntegrityError:
+        # Two first sign-ins of one account at once: the other one made the user.
+        raise SsoRefused("This account was signing in twice at once. Start again.") from None
+
+
+def _sign_in(*, issuer: str, found: Claims) -> AbstractBaseUser:
     with context.acting(via="sso", actor=found.username), transaction.atomic():
         identity = (
             SsoIdentity.objects.select_for_update()

@@ -5,6 +5,7 @@ signature with the provider's keys and applies ocx's rules."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from accounts import roles, sso, team_services, users
 from accounts.models import SsoIdentity
 from audit.models import AuditEntry
 from ocxsite.settings import oidc_config
-from tests.conftest import ROOT
+from tests.conftest import ROOT, start_server
 
 # Real commits: the audit trail writes its entries when a change's transaction commits.
 pytestmark = [
@@ -391,3 +392,40 @@ def test_partial_settings_are_refused() -> None:
         "SSO needs OCX_OIDC_ISSUER, OCX_OIDC_CLIENT_ID and OCX_OIDC_CLIENT_SECRET together: "
         "OCX_OIDC_ISSUER, OCX_OIDC_CLIENT_ID set, OCX_OIDC_CLIENT_SECRET missing"
     ) in done.stderr
+
+
+def test_sso_through_ocx_serve(issuer: str, tmp_path: Any) -> None:
+    """The settings from the environment, under the real server (ASGI, its own database)."""
+    env = {
+        "OCX_OIDC_ISSUER": issuer,
+        "OCX_OIDC_CLIENT_ID": CLIENT_ID,
+        "OCX_OIDC_CLIENT_SECRET": CLIENT_SECRET,
+        "OCX_OIDC_TEAMS_CLAIM": "teams",
+    }
+    server, stop = start_server(tmp_path, extra_env=env)
+    try:
+        r = server.api.put("/api/teams", json={"name": "infra", "team": {}})
+        assert r.status_code == 200, r.text
+        assert 'href="/login/sso?next=/me/"' in server.http.get("/me/login/").text
+        r = httpx.put(
+            f"{issuer}/users/sub-srv", json=ann(preferred_username="srv", teams=["infra"])
+        )
+        assert r.status_code == 204
+        browser = httpx.Client(base_url=server.url, timeout=30)
+        start = browser.get("/login/sso", params={"next": "/me/"})
+        assert start.status_code == 302
+        answer = httpx.post(start.headers["location"], data={"sub": "sub-srv"})
+        callback = urlsplit(answer.headers["location"])
+        assert f"{callback.scheme}://{callback.netloc}" == server.url
+        done = browser.get(f"{callback.path}?{callback.query}")
+        assert done.status_code == 302 and done.headers["location"] == "/me/"
+        assert "Signed in as <strong>srv</strong>" in browser.get("/me/").text
+        team = server.api.get("/api/teams/infra").json()
+        assert "srv" in json.dumps(team)
+        audit = server.api.get("/api/audit", params={"actor": "srv"}).json()["entries"]
+        assert {(e["via"], e["objectType"], e["action"]) for e in audit} == {
+            ("sso", "user", "create"),
+            ("sso", "team", "update"),
+        }
+    finally:
+        stop()
