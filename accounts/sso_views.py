@@ -162,6 +162,9 @@ class SsoCallback(OIDCAuthenticationCallbackView):  # type: ignore[misc]
     def get(self, request: HttpRequest) -> HttpResponse:
         if not sso.enabled():
             raise Http404("SSO is not configured")
+        if request.GET.get("error"):
+            # The library would also sign out whoever is signed in: a link to this URL must not.
+            return self.login_failure()
         try:
             response: HttpResponse = super().get(request)
         except SsoRefused as exc:

@@ -311,12 +311,16 @@ def test_provider_denial_and_a_forged_state_show_a_page(configured: str) -> None
     r = browser.get(f"{callback.path}?{callback.query}")
     assert r.status_code == 403
     assert "The identity provider did not sign you in (access_denied)" in r.content.decode()
+    # A link to an error answer does not sign out whoever is signed in.
+    signed_in, _ = sign_in(configured, "sub-ann", ann())
+    r = signed_in.get("/login/sso/callback?error=access_denied&state=x")
+    assert r.status_code == 403 and signed_in.get("/me/").status_code == 200
     r = browser.get("/login/sso/callback?code=abc&state=forged")
     assert r.status_code == 400
     assert "could not be verified" in r.content.decode()
     r = Client().get("/login/sso/callback?code=abc&state=forged")  # no sign-in started
     assert r.status_code == 403 and "Start again" in r.content.decode()
-    assert not get_user_model().objects.exists()
+    assert list(get_user_model().objects.values_list("username", flat=True)) == ["ann"]
 
 
 def test_an_unreachable_provider_is_a_clear_page(client: Client, settings: Any) -> None:
