@@ -11,6 +11,7 @@ from typing import Any
 
 import jwt
 import requests
+from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import SuspiciousOperation
@@ -53,8 +54,6 @@ class SsoBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
     get_settings = staticmethod(sso.library_setting)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        from django.contrib.auth import get_user_model
-
         self.UserModel = get_user_model()
 
     @property
