@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
 from accounts import roles
-from accounts.models import ClientKey, ManagementToken, TeamProfile, UserBudget
+from accounts.models import ClientKey, ManagementToken, SsoIdentity, TeamProfile, UserBudget
 from audit import trail
 
 
@@ -62,6 +62,7 @@ def read_user(user_id: str) -> trail.Snapshot:
     if user is None:
         return None
     budget = UserBudget.objects.filter(user=user).first()
+    identity = SsoIdentity.objects.filter(user=user).first()
     fields: dict[str, object] = {
         "username": user.get_username(),
         "email": user.email,
@@ -71,6 +72,8 @@ def read_user(user_id: str) -> trail.Snapshot:
         "is_active": user.is_active,
         "password": user.password if user.has_usable_password() else None,
         "budgets": budget.budgets if budget else [],
+        # The identity provider's account the user signs in with (docs/people.md#sso).
+        "sso": f"{identity.issuer} {identity.subject}" if identity else None,
     }
     return f"user {user.get_username()}", fields
 
@@ -108,5 +111,6 @@ def register() -> None:
     trail.watch(TeamProfile, "team", lambda p: p.group_id)
     trail.watch(user_model, "user", lambda u: u.pk, owner=True)
     trail.watch(UserBudget, "user", lambda b: b.user_id)
+    trail.watch(SsoIdentity, "user", lambda i: i.user_id)
     trail.watch_m2m(user_model.groups.through, "team", _team_ids_of_groups)
     trail.watch_m2m(TeamProfile.managers.through, "team", _team_ids_of_managers)

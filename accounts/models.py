@@ -102,3 +102,23 @@ class Team(Group):
         verbose_name = "team"
         verbose_name_plural = "teams"
         ordering = ("name",)
+
+
+class SsoIdentity(models.Model):
+    """The identity provider's account (issuer and subject, OpenID Connect's stable id) a user
+    signs in with (docs/people.md#sso): matched before any user name."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, models.CASCADE, related_name="sso")
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = "SSO identity"
+        verbose_name_plural = "SSO identities"
+        constraints = [
+            models.UniqueConstraint(fields=("issuer", "subject"), name="accounts_sso_subject")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.issuer} {self.subject}"

@@ -8,8 +8,10 @@ import os
 import re
 import secrets
 import tempfile
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import dj_database_url
@@ -145,6 +147,70 @@ def _redis_url() -> str | None:
     return url
 
 
+_LOOPBACK = ("localhost", "127.0.0.1", "::1")
+_DOMAIN_RE = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+")
+
+
+def _names(name: str, raw: str) -> list[str]:
+    """A comma list that may be empty (unset) but has no empty items."""
+    if not raw.strip():
+        return []
+    items = [item.strip() for item in raw.split(",")]
+    if any(not item for item in items):
+        raise ImproperlyConfigured(f"{name} must be a comma-separated list without empty items")
+    return items
+
+
+def oidc_config(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The OCX_OIDC_* settings of the sign-in with the company's identity provider
+    (docs/people.md#sso): issuer, client id and client secret together, or none of them."""
+    trio = ("OCX_OIDC_ISSUER", "OCX_OIDC_CLIENT_ID", "OCX_OIDC_CLIENT_SECRET")
+    given = {name: environ.get(name, "").strip() for name in trio}
+    missing = [name for name in trio if not given[name]]
+    if len(missing) not in (0, len(trio)):
+        present = ", ".join(name for name in trio if given[name])
+        raise ImproperlyConfigured(
+            "SSO needs OCX_OIDC_ISSUER, OCX_OIDC_CLIENT_ID and OCX_OIDC_CLIENT_SECRET together: "
+            f"{present} set, {', '.join(missing)} missing"
+        )
+    issuer = given["OCX_OIDC_ISSUER"].rstrip("/")
+    if issuer:
+        parts = urlsplit(issuer)
+        loopback = parts.scheme == "http" and parts.hostname in _LOOPBACK
+        if not (parts.scheme == "https" or loopback) or not parts.hostname:
+            raise ImproperlyConfigured(
+                "OCX_OIDC_ISSUER must be an https:// URL (http:// only on localhost), "
+                f"got {issuer!r}"
+            )
+        if parts.query or parts.fragment:
+            raise ImproperlyConfigured(f"OCX_OIDC_ISSUER must have no query, got {issuer!r}")
+    domains = [
+        d.lower().lstrip("@")
+        for d in _names("OCX_OIDC_ALLOWED_DOMAINS", environ.get("OCX_OIDC_ALLOWED_DOMAINS", ""))
+    ]
+    bad = [d for d in domains if _DOMAIN_RE.fullmatch(d) is None]
+    if bad:
+        raise ImproperlyConfigured(
+            f"OCX_OIDC_ALLOWED_DOMAINS must list e-mail domains (example.com), got {bad[0]!r}"
+        )
+    return {
+        "OCX_OIDC_ISSUER": issuer,
+        "OCX_OIDC_CLIENT_ID": given["OCX_OIDC_CLIENT_ID"],
+        "OCX_OIDC_CLIENT_SECRET": given["OCX_OIDC_CLIENT_SECRET"],
+        "OCX_OIDC_USERNAME_CLAIM": environ.get("OCX_OIDC_USERNAME_CLAIM", "").strip()
+        or "preferred_username",
+        "OCX_OIDC_ALLOWED_DOMAINS": domains,
+        "OCX_OIDC_TEAMS_CLAIM": environ.get("OCX_OIDC_TEAMS_CLAIM", "").strip(),
+        "OCX_OIDC_GROUPS_CLAIM": environ.get("OCX_OIDC_GROUPS_CLAIM", "").strip() or "groups",
+        "OCX_OIDC_ADMIN_GROUPS": _names(
+            "OCX_OIDC_ADMIN_GROUPS", environ.get("OCX_OIDC_ADMIN_GROUPS", "")
+        ),
+        "OCX_OIDC_VIEWER_GROUPS": _names(
+            "OCX_OIDC_VIEWER_GROUPS", environ.get("OCX_OIDC_VIEWER_GROUPS", "")
+        ),
+    }
+
+
 OCX_DATA_DIR = _data_dir()
 SECRET_KEY = _secret_key(OCX_DATA_DIR)
 DEBUG = env_bool("OCX_DEBUG", False)
@@ -199,6 +265,18 @@ OCX_PORTAL_MAX_KEYS = env_int("OCX_PORTAL_MAX_KEYS", 5, minimum=0)
 OCX_PORTAL_MAX_EXPIRY_DAYS = env_int("OCX_PORTAL_MAX_EXPIRY_DAYS", 0, minimum=0)
 # The audit trail (app `audit`): entries older than this are deleted.
 OCX_AUDIT_RETENTION_DAYS = env_int("OCX_AUDIT_RETENTION_DAYS", 365, minimum=1)
+# Sign-in with the company's identity provider (OpenID Connect; docs/people.md#sso): on when
+# OCX_OIDC_ISSUER is set. Its endpoints are discovered at the first sign-in (accounts.sso).
+_oidc = oidc_config(os.environ)
+OCX_OIDC_ISSUER: str = _oidc["OCX_OIDC_ISSUER"]
+OCX_OIDC_CLIENT_ID: str = _oidc["OCX_OIDC_CLIENT_ID"]
+OCX_OIDC_CLIENT_SECRET: str = _oidc["OCX_OIDC_CLIENT_SECRET"]
+OCX_OIDC_USERNAME_CLAIM: str = _oidc["OCX_OIDC_USERNAME_CLAIM"]
+OCX_OIDC_ALLOWED_DOMAINS: list[str] = _oidc["OCX_OIDC_ALLOWED_DOMAINS"]
+OCX_OIDC_TEAMS_CLAIM: str = _oidc["OCX_OIDC_TEAMS_CLAIM"]
+OCX_OIDC_GROUPS_CLAIM: str = _oidc["OCX_OIDC_GROUPS_CLAIM"]
+OCX_OIDC_ADMIN_GROUPS: list[str] = _oidc["OCX_OIDC_ADMIN_GROUPS"]
+OCX_OIDC_VIEWER_GROUPS: list[str] = _oidc["OCX_OIDC_VIEWER_GROUPS"]
 OCX_LOG_JSON = env_bool("OCX_LOG_JSON", False)
 # A worker moves its startup heap out of the cyclic collector once it serves (lifecycle).
 OCX_GC_FREEZE = env_bool("OCX_GC_FREEZE", True)
@@ -282,6 +360,8 @@ AUTHENTICATION_BACKENDS = [
     "django.contrib.auth.backends.ModelBackend",
     # Viewers (staff, not superusers) read every admin page: docs/people.md.
     "accounts.roles.ViewOnlyStaffBackend",
+    # The OpenID Connect sign-in (accounts.sso_views): only the SSO callback calls it.
+    "accounts.sso_views.SsoBackend",
 ]
 AXES_ENABLED = OCX_LOGIN_FAILURE_LIMIT > 0
 AXES_FAILURE_LIMIT = max(OCX_LOGIN_FAILURE_LIMIT, 1)
@@ -324,6 +404,8 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                # `sso_enabled`: the login pages offer the SSO sign-in (docs/people.md#sso).
+                "accounts.sso.context",
             ],
         },
     },
