@@ -7,7 +7,8 @@ The hooks the proxy calls for a request with one attempt (`start_request`, `star
 `BatchSpanProcessor`, three ways: an exporter that drops the batch (the span API and the batch
 processor), the OTLP/HTTP exporter to a loopback receiver that answers 200 (what a worker with
 tracing on pays; its export thread's CPU is this process's too), and, for scale, no tracing at
-all (the `TRACER is not None` checks only). CPU is the whole process's (`time.process_time`),
+all (the `TRACER is not None` checks only), and the OTLP one with a 10 % `TraceIdRatioBased`
+sampler (`OTEL_TRACES_SAMPLER=traceidratio`, `OTEL_TRACES_SAMPLER_ARG=0.1`). CPU is the whole process's (`time.process_time`),
 the flush of the last batch included.
 """
 
@@ -84,12 +85,16 @@ def per_request_us(n: int) -> float:
     return (time.process_time() - t0) / n * 1e6
 
 
-def setup(exporter: Any) -> None:
+def setup(exporter: Any, ratio: float | None = None) -> None:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 
-    provider = TracerProvider(resource=Resource.create({"service.name": "ocx"}))
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": "ocx"}),
+        sampler=None if ratio is None else TraceIdRatioBased(ratio),
+    )
     provider.add_span_processor(BatchSpanProcessor(exporter))
     tracing._PROVIDER = provider
     tracing.TRACER = provider.get_tracer("ocx")
@@ -133,6 +138,8 @@ def rounds(args: Any, url: str, drop: Any, otlp: Any) -> None:
         got["spans, exporter drops"] = per_request_us(args.n)
         setup(otlp(endpoint=f"{url}/v1/traces"))
         got["spans, OTLP/HTTP to a loopback receiver"] = per_request_us(args.n)
+        setup(otlp(endpoint=f"{url}/v1/traces"), ratio=0.1)
+        got["the same, 10 % sampled"] = per_request_us(args.n)
         print(f"round {r}: " + " · ".join(f"{k} {v:.1f} µs/request" for k, v in got.items()))
 
 
