@@ -6,7 +6,10 @@ Sequential calls (as at c=1) against a real Redis: the bare client (`state.resp`
 breaker's bound (`state.redis_guard`), the routing state's compare-and-set check (a healthy
 pick), the guarded store around it, the quota gate's read, and a key's and a user's token
 budgets: their admission read on its own (a request with a window budget still makes it; with
-token budgets only the quota gate's read carries it) and their charge. CPU (user+sys of this process)
+token budgets only the quota gate's read carries it) and their charge, and (issue #42) the
+reservation of a request's expected cost against a key token, a user token and a team dollar
+budget (`usage.reservations`: one script call at admission) and its release at the end (one
+more). CPU (user+sys of this process)
 and wall time per call: what a request pays for each round trip it makes, and how much of it
 is the round trip itself (a PING) rather than ocx's code around it.
 """
@@ -95,6 +98,30 @@ async def run(url: str, n: int) -> None:
         lambda: gate.charge(budgets, tokens=30, served=None, now_ms=now()),
         n,
     )
+    # Issue #42: the reservation ocx-full's key makes per request (`bench/run.py`), both ends.
+    from usage.budgets import UsdBudget
+    from usage.reservations import Hold, Reservations
+
+    reservations = Reservations(gate)
+    held = (
+        *budgets,
+        ScopedBudget(
+            kind="team", scope="t1", owner="team t", budget=UsdBudget(usd=10**9, period="month")
+        ),
+    )
+
+    async def reserve() -> Any:
+        return await reservations.reserve(held, tokens=30, micros=40, now_ms=now())
+
+    first = await reserve()
+    assert isinstance(first, Hold) and first.shared, first
+    holds: list[Any] = []
+
+    async def reserve_kept() -> None:
+        holds.append(await reserve())
+
+    await measure("reservation, three budgets, guarded", reserve_kept, n)
+    await measure("  its release", lambda: reservations.release(holds.pop()), n)
     await client.aclose()
 
 

@@ -18,6 +18,14 @@ cannot separate from their run-to-run spread):
   Daphne's `WebRequest.handle_reply` with a body message and Twisted's `Request.write`.
 
 Prints µs per event, per round.
+
+`--masking` (issue #43) instead times what the exact-value masking adds to one plain delta of a
+pass-through, `Masker.holds` after `CommitScanner.plain`: with the bench's one value (its upstream
+key; an ocx client key is never among the values) and with 8 values (one compiled alternation
+from 5 on), on a plain ASCII delta and on one with a `\\u` escape (decoded, then searched again),
+and the first request whose values are not cached yet (`_sorted_values` + `_plan`, each an
+lru_cache of 256 entries): once per config change, or per request for a caller's forwarded
+token (not an ocx key) when more than 256 such tokens take turns.
 """
 
 from __future__ import annotations
@@ -127,6 +135,47 @@ def plain_us(shortcut: bool, n: int) -> float:
     return (time.perf_counter() - t0) / (rounds * len(chunks)) * 1e6
 
 
+def masking_us(n: int) -> dict[str, float]:
+    """µs per call of each masking case (`--masking`)."""
+    from providers import masking
+
+    few = [run_key(0)]  # what the bench config knows: one upstream key (shared by 2 providers)
+    many = [run_key(i) for i in range(7)] + ["sk-forwarded-" + "c" * 40]
+    ascii_delta = chat_delta(7)
+    escaped = ascii_delta.replace(b" word7", b" caf\\u00e9 word7")
+    scanner = CommitScanner("chat")
+    scanner.forward_raw()
+    scanner.feed(ascii_delta)
+    out: dict[str, float] = {}
+
+    def per_call(fn: Any, count: int) -> float:
+        t0 = time.process_time()
+        for _ in range(count):
+            fn()
+        return (time.process_time() - t0) / count * 1e6
+
+    out["plain() alone"] = per_call(lambda: scanner.plain(ascii_delta), n)
+    for label, values in (("1 value", few), ("8 values", many)):
+        m = masking.Masker(lambda values=values: values)
+        m.holds(ascii_delta)
+        out[f"holds, {label}, ASCII delta"] = per_call(lambda m=m: m.holds(ascii_delta), n)
+        out[f"holds, {label}, \\u escape"] = per_call(lambda m=m: m.holds(escaped), n // 10)
+    # Values first seen: sorted and their plan built (cached afterwards).
+    callers = iter(range(10**9))
+    for label, known in (("2 values", few), ("8 values", many[:-1])):
+
+        def first_request(known: list[str] = known) -> None:
+            values = [*known, f"sk-forwarded-{next(callers):040d}"]
+            masking.Masker(lambda: values).holds(ascii_delta)
+
+        out[f"values first seen, {label}"] = per_call(first_request, n // 100)
+    return out
+
+
+def run_key(i: int) -> str:
+    return f"sk-upstream-{i}-" + "x" * 32
+
+
 def write_us(n: int) -> tuple[float, float]:
     """(new, old) µs per body chunk written through a Daphne connection set up as in a worker."""
     import os
@@ -212,7 +261,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--events", type=int, default=200_000)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--masking", action="store_true", help="the masking pre-check only")
     args = p.parse_args()
+    if args.masking:
+        for r in range(args.rounds):
+            got = masking_us(args.events)
+            print(f"round {r}: " + " · ".join(f"{k} {v:.3f} µs" for k, v in got.items()))
+        return 0
     for r in range(args.rounds):
         new_read = asyncio.run(read_us(True, args.events))
         old_read = asyncio.run(read_us(False, args.events))

@@ -71,9 +71,10 @@ def one_run(
     c0 = run.cpu_seconds(workers)
     spy = None
     if profile:
-        # py-spy (pip install py-spy): collapsed stacks of the worker while it streams.
+        # py-spy (pip install py-spy): collapsed stacks of the worker (the tree's last process,
+        # not the supervisor) while it streams.
         spy = subprocess.Popen(
-            ["py-spy", "record", "-p", str(workers[0]), "-f", "raw", "-r", "200"]
+            ["py-spy", "record", "-p", str(workers[-1]), "-f", "raw", "-r", "200"]
             + ["-o", f"{profile}-{t.name}-{client}-{upstream}.txt"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
