@@ -8,3 +8,8 @@ class AlertsConfig(AppConfig):
 
     name = "alerts"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from alerts import audit_kinds
+
+        audit_kinds.register()

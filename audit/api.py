@@ -23,7 +23,7 @@ def list_audit(
 ) -> dict[str, object]:
     """The audit trail: every change of providers, combos, keys, tokens, teams, users, roles and
     budgets. `since`: ISO 8601 or a duration (24h, 7d); `actor`: a username or `cli`;
-    `object`: a type (`provider`, `combo`, `key`, `token`, `team`, `user`), `type:name` or
+    `object`: a type (`provider`, `combo`, `key`, `token`, `team`, `user`, `alert`), `type:name` or
     text of the object's name; `limit`: 1 to 1000 (default 500)."""
     if not 1 <= limit <= selectors.LIMIT_MAX:
         raise HttpError(400, f"limit: 1 to {selectors.LIMIT_MAX}")
