@@ -42,8 +42,8 @@ def entries(
     limit: int = 500,
 ) -> QuerySet[AuditEntry]:
     """Newest first. `actor`: a username, or `cli` for every command (`cli:<OS user>`);
-    `obj`: an object type (`provider`, `combo`, `key`, `token`, `team`, `user`, `alert`), `type:id` or
-    `type:label`, or any text of the object's label."""
+    `obj`: an object type (`provider`, `combo`, `key`, `token`, `team`, `user`, `alert`),
+    `type:id` or `type:label`, or any text of the object's label."""
     rows = AuditEntry.objects.all()
     if since is not None:
         rows = rows.filter(at__gte=since)
