@@ -7,7 +7,7 @@ import functools
 from collections.abc import Mapping
 
 from combos.selectors import credential_for
-from providers.masking import bearer_value
+from providers.masking import Masker, bearer_value
 from providers.upstream import Caller
 from quota.tracker import Gate
 from quota.windows import (
@@ -46,16 +46,19 @@ def credential_pair(
     return (provider.name, fingerprint(secret)) if secret else None
 
 
-def known_secrets(snapshot: ConfigSnapshot, forwarded: Mapping[str, str]) -> list[str | None]:
+def request_masker(snapshot: ConfigSnapshot, forwarded: Mapping[str, str]) -> Masker:
     """Every credential value this request could meet: the config's keys, the caller's token."""
-    return [*_config_secrets(snapshot), bearer_value(forwarded.get("authorization"))]
+    return Masker(
+        functools.partial(config_secrets, snapshot),
+        functools.partial(bearer_value, forwarded.get("authorization")),
+    )
 
 
 # The config's credential values, read once per snapshot: every request masks (issue #43).
 _secrets_of: list[tuple[ConfigSnapshot, tuple[str | None, ...]]] = []
 
 
-def _config_secrets(snapshot: ConfigSnapshot) -> tuple[str | None, ...]:
+def config_secrets(snapshot: ConfigSnapshot) -> tuple[str | None, ...]:
     if _secrets_of and _secrets_of[0][0] is snapshot:
         return _secrets_of[0][1]
     found = tuple(credential_for(p) for p in snapshot.providers.values())

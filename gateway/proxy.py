@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import functools
 import json
 import logging
 import time
@@ -34,7 +33,7 @@ from combos.shaping import (
     image_rejection,
 )
 from gateway import alerting, caller_limits, charging, refusals, tracing
-from gateway.access import credential_pair, known_secrets, target_access
+from gateway.access import credential_pair, request_masker, target_access
 from gateway.exchange import (
     NESTED_TOO_DEEPLY,
     ClientGone,
@@ -58,7 +57,6 @@ from gateway.outcomes import (
 )
 from gateway.relay import AttemptRelay, send_bare, send_route
 from gateway.runtime import Runtime, get_runtime
-from providers.masking import Masker
 from providers.upstream import Caller
 from providers.wire.commit import StreamFailure, terminal_error_frame, truncation_failure
 from quota.tracker import Gate
@@ -370,7 +368,7 @@ class ProxyApp:
         caller = Caller(
             headers=forwarded,
             request_id=exchange.request_id,
-            masker=Masker(functools.partial(known_secrets, snapshot, forwarded)),
+            masker=request_masker(snapshot, forwarded),
         )
         pairs = {t.key: credential_pair(snapshot, t, caller) for t in combo.targets}
         unpriced = (

@@ -29,18 +29,31 @@ def last4(secret: str) -> str:
 
 
 class Masker:
-    __slots__ = ("_plan", "_source", "_values")
+    """The values of one request: the config's (`source`, the same for every request of a
+    snapshot) and the caller's own token (`extra`). The per-frame test of the config's values
+    is one cached plan; the caller's token is tested on its own, so a new caller never costs a
+    new compiled pattern (callers forward tokens of their own: one cache entry each would not
+    stay cached)."""
 
-    def __init__(self, source: Callable[[], Iterable[str | None]]) -> None:
+    __slots__ = ("_extra", "_holds", "_plan", "_source", "_values")
+
+    def __init__(
+        self,
+        source: Callable[[], Iterable[str | None]],
+        extra: Callable[[], str | None] | None = None,
+    ) -> None:
         self._source = source
+        self._extra = extra
         self._values: tuple[str, ...] | None = None
         self._plan: _Plan | None = None
+        self._holds: tuple[_Plan, ...] | None = None
 
     def values(self) -> tuple[str, ...]:
         if self._values is None:
             # Every frame is checked now (issue #43), so every request gathers its values:
             # the same values (one config, one caller) are sorted once.
-            self._values = _sorted_values(tuple(self._source()))
+            extra = (self._extra(),) if self._extra is not None else ()
+            self._values = _sorted_values((*self._source(), *extra))
         return self._values
 
     def plan(self) -> _Plan:
@@ -50,7 +63,20 @@ class Masker:
 
     def holds(self, data: bytes) -> bool:
         """Whether `data` (a frame's bytes) spells a known value, raw or JSON-escaped."""
-        return self.plan().holds(data)
+        plans = self._holds
+        if plans is None:
+            plans = self._holds = self._holds_plans()
+        for plan in plans:
+            if plan.holds(data):
+                return True
+        return False
+
+    def _holds_plans(self) -> tuple[_Plan, ...]:
+        base = _plan(_sorted_values(tuple(self._source())))
+        token = self._extra() if self._extra is not None else None
+        if not token or len(token) < MIN_SECRET or token in base.values:
+            return (base,)
+        return (base, _Plan((token,)))
 
     def text(self, text: str) -> str:
         """`text` with every known value as `…last4`, then the pattern redaction (no cap)."""
@@ -126,11 +152,8 @@ class _Plan:
     def __init__(self, values: tuple[str, ...]) -> None:
         self.values = values
         self.raw = tuple(v.encode("utf-8", "surrogateescape") for v in values)
-        self._raw_pattern = (
-            re.compile(b"|".join(re.escape(v) for v in self.raw))
-            if len(self.raw) >= self.PATTERN_FROM
-            else None
-        )
+        # Compiled at the first frame test (text masking alone never needs it).
+        self._raw_pattern: re.Pattern[bytes] | None = None
         # A value can only hide behind an escape the frame holds: `\u` always, a short escape
         # only for a character some value has.
         short = {_SHORT[c].encode() for v in values for c in v if c in _SHORT}
@@ -144,7 +167,9 @@ class _Plan:
         return self._escaped_text
 
     def _raw_in(self, data: bytes) -> bool:
-        if self._raw_pattern is not None:
+        if len(self.raw) >= self.PATTERN_FROM:
+            if self._raw_pattern is None:
+                self._raw_pattern = re.compile(b"|".join(re.escape(v) for v in self.raw))
             return self._raw_pattern.search(data) is not None
         for value in self.raw:
             if value in data:
