@@ -4,7 +4,6 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponsePermanentRedirect
 from django.urls import include, path, re_path
 
-from accounts import sso_views
 from dashboard import views as dashboard_views
 from ocxsite import views
 from ocxsite.api import api
@@ -54,9 +53,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", api.urls),
     path("me/", include("accounts.portal_urls")),  # the portal (docs/people.md)
-    # Sign-in with the company's identity provider (docs/people.md#sso); 404 unless configured.
-    path("login/sso", sso_views.SsoStart.as_view(), name="ocx-sso-start"),
-    path("login/sso/callback", sso_views.SsoCallback.as_view(), name="ocx-sso-callback"),
+    # Sign-in with the company's identity provider (docs/people.md#sso).
+    path("", include("accounts.sso_urls")),
     path("healthz", views.healthz),
     path("readyz", views.readyz),
     path("metrics", views.metrics_view),

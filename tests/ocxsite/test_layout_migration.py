@@ -146,7 +146,11 @@ def _fill(executor: MigrationExecutor) -> dict[str, int]:
 
 
 # accounts 0003: teams (auth.Group's one-to-one profile; `Team` is a proxy, no table).
-ADDED_SINCE_THE_MOVE = {"accounts_teamprofile", "accounts_teamprofile_managers"}
+ADDED_SINCE_THE_MOVE = {
+    "accounts_teamprofile",
+    "accounts_teamprofile_managers",
+    "accounts_ssoidentity",
+}
 
 
 @pytest.mark.django_db(transaction=True)
