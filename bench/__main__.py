@@ -44,6 +44,10 @@ QUESTIONS: dict[str, tuple[str, str]] = {
     "dashboard": ("dashboard.py", "admin dashboard render time with 1M request-log rows"),
     "soak": ("soak.py", "minutes of mixed traffic with faults: unexplained failures, RSS growth"),
     "chaos": ("chaos.py", "the soak while Redis, PostgreSQL and workers are taken away"),
+    "tracing-micro": (
+        "tracing_micro.py",
+        "CPU of a traced request's two spans, ocx's tracer against the SDK's",
+    ),
     "ttft": ("stream_client.py", "TTFB / TTFT of streaming requests to one URL"),
 }
 

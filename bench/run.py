@@ -347,6 +347,13 @@ def start_ocx(
     line = read_line(proc, "ocx listening on", 60)
     base = re.search(r"http://\S+", line).group(0)  # type: ignore[union-attr]
     a = ADMIN_TOKEN
+    # A fresh server's first admin call may wait on its workers' first load (seen once at
+    # >10 s with 2 workers beside a running flood): wait for it here, and say how long.
+    t0 = time.monotonic()
+    st, body = http("GET", f"{base}/api/providers", None, a, timeout=60)
+    assert st == 200, body
+    if time.monotonic() - t0 > 2:
+        log(f"{name}: first admin call answered after {time.monotonic() - t0:.1f} s")
     for pname, adapter in (("mock", "openai-chat"), ("mockr", "openai-responses")):
         st, body = http(
             "PUT",

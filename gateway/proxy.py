@@ -121,7 +121,7 @@ class ProxyApp:
         exchange = Exchange(send, request_id, scope.get(body_now.SCOPE_KEY))
         started = time.monotonic()
         if tracing.TRACER is not None:
-            exchange.trace = tracing.start_request(scope["path"])
+            exchange.trace = tracing.start_request(scope["path"], scope["headers"])
         outcome = "ok"
         # The whole request, its `finally` too (charge, last chunk, log entry): a drain must
         # not see nothing in flight while a request still writes.

@@ -107,6 +107,12 @@ CONFIG_PATCHES = Counter(
 REDIS_OUTAGES = Counter(
     "ocx_redis_outages", "Times a worker lost Redis and switched to its own state"
 )
+TRACE_SPANS = Counter(
+    "ocx_trace_spans_total",
+    "OpenTelemetry spans by what became of them (exported, failed: the collector refused or "
+    "was down past the retries, dropped: the export queue was full)",
+    ["result"],
+)
 FROZEN_OBJECTS = Gauge(
     "ocx_worker_frozen_objects",
     "Objects a worker moved out of the garbage collector's sight at start (0: it did not; "

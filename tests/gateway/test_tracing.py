@@ -1,6 +1,6 @@
 """OpenTelemetry traces (issue 45): a real `ocx serve` started with the standard `OTEL_*`
-variables sends its spans through the SDK's OTLP/HTTP exporter to a real receiver in the test,
-which decodes the protobuf (opentelemetry-proto). One span per request, a child per attempt,
+variables posts its spans over OTLP/HTTP to a real receiver in the test, which decodes the
+protobuf (opentelemetry-proto). One span per request, a child per attempt,
 GenAI attributes plus `ocx.*`; no prompt, answer or secret. Off, nothing is imported."""
 
 from __future__ import annotations
@@ -153,6 +153,30 @@ def test_spans_reach_an_otlp_receiver_with_genai_attributes(
         assert API_KEY.encode() not in raw and key.encode() not in raw
         assert collector.received[0].path == "/v1/traces"
         assert collector.received[0].headers["content-type"] == "application/x-protobuf"
+
+        # A caller's W3C traceparent: ocx's span joins the caller's trace; a caller that
+        # did not sample its trace gets no span (the default parentbased_always_on sampler).
+        caller_trace, caller_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+        for flags in ("00", "01"):
+            mock.script("b", [], then={"usage": USAGE})
+            r = server.http.post(
+                "/v1/responses",
+                json={"model": "p/b", "input": "x"},
+                headers={
+                    "Authorization": f"Bearer {key}",
+                    "traceparent": f"00-{caller_trace}-{caller_span}-{flags}",
+                },
+            )
+            assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 20
+        while not any(s["trace"] == caller_trace for s in spans(collector)):
+            assert time.monotonic() < deadline, spans(collector)
+            time.sleep(0.05)
+        joined = [s for s in spans(collector) if s["trace"] == caller_trace]
+        (joined_request,) = [s for s in joined if s["parent"] == caller_span]
+        assert joined_request["name"] == "chat p/b"
+        assert [s["name"] for s in joined if s["parent"] == joined_request["id"]] == ["chat b"]
+        assert len(joined) == 2  # the unsampled caller's request left no span
     finally:
         stop()
 
