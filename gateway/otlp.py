@@ -27,7 +27,7 @@ FLAG_IS_REMOTE = 0x200
 
 AttributeValue = str | bool | int | float | Sequence[Any]
 _CACHE_LIMIT = 4096
-_kv_cache: dict[tuple[str, str], bytes] = {}
+_field_cache: dict[tuple[str, AttributeValue], bytes] = {}
 _key_cache: dict[str, bytes] = {}
 _fixed64 = struct.Struct("<Q").pack
 _double = struct.Struct("<d").pack
@@ -82,20 +82,34 @@ def _any_value(value: AttributeValue) -> bytes:
 
 def key_value(key: str, value: AttributeValue) -> bytes:
     """One `KeyValue` message, without its own field tag."""
-    if type(value) is str:
-        cached = _kv_cache.get((key, value))
-        if cached is not None:
-            return cached
-        encoded = _key(key) + _len_field(0x12, _any_value(value))
-        if len(_kv_cache) >= _CACHE_LIMIT:
-            _kv_cache.clear()
-        _kv_cache[(key, value)] = encoded
-        return encoded
     return _key(key) + _len_field(0x12, _any_value(value))
 
 
 def attributes(tag: int, attrs: Mapping[str, AttributeValue]) -> bytes:
     return b"".join([_len_field(tag, key_value(k, v)) for k, v in attrs.items()])
+
+
+def _span_attributes(attrs: Mapping[str, AttributeValue]) -> bytes:
+    """A span's attributes (field 9), the request path's hot loop: a string attribute's whole
+    field is cached (the same names come back on every request), an integer's is two joins."""
+    out = []
+    for key, value in attrs.items():
+        kind = type(value)
+        if kind is str:
+            field = _field_cache.get((key, value))
+            if field is None:
+                if len(_field_cache) >= _CACHE_LIMIT:
+                    _field_cache.clear()
+                field = _len_field(0x4A, key_value(key, value))
+                _field_cache[(key, value)] = field
+            out.append(field)
+        elif kind is int:
+            number = b"\x18" + varint(value)  # type: ignore[arg-type]
+            inner = _key(key) + b"\x12" + bytes((len(number),)) + number
+            out.append(b"\x4a" + varint(len(inner)) + inner)
+        else:
+            out.append(_len_field(0x4A, key_value(key, value)))
+    return b"".join(out)
 
 
 def span(
@@ -122,7 +136,7 @@ def span(
     parts.append(b"\x30" + varint(kind))  # kind = 6
     parts.append(b"\x39" + _fixed64(start_ns))  # start_time_unix_nano = 7
     parts.append(b"\x41" + _fixed64(end_ns))  # end_time_unix_nano = 8
-    parts.append(attributes(0x4A, attrs))  # attributes = 9
+    parts.append(_span_attributes(attrs))  # attributes = 9
     parts.append(b"\x7a\x02\x18\x02" if status == STATUS_ERROR else b"\x7a\x00")  # status = 15
     flags = FLAG_HAS_IS_REMOTE | (FLAG_IS_REMOTE if remote_parent else 0)
     parts.append(b"\x85\x01" + _fixed32(flags))  # flags = 16 (fixed32)

@@ -167,9 +167,12 @@ class Sampler:
     def __init__(self, name: str, ratio: float) -> None:
         self.parent_based = name.startswith("parentbased_")
         root = name.removeprefix("parentbased_")
-        self.bound = {"always_on": _ID64 + 1, "always_off": 0}.get(root) or round(
-            ratio * (_ID64 + 1)
-        )
+        if root == "always_on":
+            self.bound = _ID64 + 1
+        elif root == "always_off":
+            self.bound = 0
+        else:
+            self.bound = round(ratio * (_ID64 + 1))
 
     def sampled(self, trace_id: int, parent_sampled: bool | None) -> bool:
         if parent_sampled is not None and self.parent_based:
@@ -283,12 +286,14 @@ class Exporter:
         queue, size = self.queue, self.settings.max_batch
         while queue:
             batch = [queue.popleft() for _ in range(min(size, len(queue)))]
-            result = (
-                "exported"
-                if self._send(otlp.export_request(self.resource, self.scope, batch))
-                else "failed"
-            )
-            metrics.TRACE_SPANS.labels(result).inc(len(batch))
+            sent = self._send(otlp.export_request(self.resource, self.scope, batch))
+            metrics.TRACE_SPANS.labels("exported" if sent else "failed").inc(len(batch))
+            if not sent and self._stop.is_set():
+                # A worker exiting past a dead collector waits for one post, not one per batch.
+                rest = len(queue)
+                queue.clear()
+                metrics.TRACE_SPANS.labels("failed").inc(rest)
+                return
 
     def _send(self, body: bytes) -> bool:
         """Post one batch; retry a refused or unreachable collector with backoff until the

@@ -101,8 +101,17 @@ def test_parent_based_follows_the_callers_flag_as_the_sdk_does(parent_sampled: b
         )
         expected = sdk.should_sample(set_span_in_context(parent), trace_id, "n").decision
         assert ours.sampled(trace_id, parent_sampled) is expected.is_sampled()
-    # Not parent-based: the ratio decides, whatever the caller's flag.
+    # Not parent-based: the sampler decides, whatever the caller's flag.
     assert tracing.Sampler("always_on", 1.0).sampled(1, False) is True
+    assert tracing.Sampler("always_off", 1.0).sampled(1, True) is False
+    assert tracing.Sampler("parentbased_always_off", 1.0).sampled(1, None) is False
+    assert tracing.Sampler("parentbased_always_off", 1.0).sampled(1, True) is True
+
+
+def test_the_default_sampler_samples_every_root_span() -> None:
+    sampler = tracing.Sampler(tracing.settings_from({}).sampler, 1.0)
+    rng = random.Random(5)
+    assert all(sampler.sampled(rng.getrandbits(128), None) for _ in range(500))
 
 
 @pytest.mark.parametrize(
@@ -228,6 +237,26 @@ def test_a_collector_that_is_down_costs_only_its_spans_within_the_timeout() -> N
     exp.add(encoded(1))
     exp.flush()
     assert counted("failed") - before == 1
+    assert not exp.queue
+
+
+def test_an_exiting_worker_waits_for_one_failed_post_not_one_per_batch() -> None:
+    posts: list[bytes] = []
+
+    def refused(body: bytes) -> int:
+        posts.append(body)
+        return 503
+
+    settings = tracing.settings_from(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "2"}
+    )
+    exp = tracing.Exporter(settings, b"", b"", post=refused, backoff_s=0.01)
+    before = counted("failed")
+    for n in range(1, 6):
+        exp.add(encoded(n))
+    exp.shutdown()
+    assert len(posts) == 1  # stopping: no retry, and the other batches are not tried
+    assert counted("failed") - before == 5
     assert not exp.queue
 
 
