@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import random
 import socket
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -280,5 +281,15 @@ def test_the_thread_exports_on_its_schedule_and_when_a_batch_is_full(collector: 
         exp.add(encoded(2))  # a full batch wakes the thread long before its minute
         collector.wait_for(1, timeout=10)
         assert names(collector.received[0].body) == ["chat s1", "chat s2"]
+        for n in range(3, 8):
+            exp.add(encoded(n))
+        collector.wait_for(3, timeout=10)
+        assert [names(r.body) for r in collector.received[1:]] == [
+            ["chat s3", "chat s4"],
+            ["chat s5", "chat s6"],
+        ]
+        time.sleep(0.3)
+        # Not a post per span that trickles in: the last one waits for the schedule (or a flush).
+        assert collector.attempts == 3 and list(exp.queue) == [encoded(7)]
     finally:
         exp.shutdown()
