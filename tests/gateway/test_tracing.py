@@ -9,14 +9,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gateway import tracing
-from tests.alerts.receiver import Receiver, serve
+from tests.alerts.receiver import Receiver
 from tests.conftest import ROOT, Mock, start_server
 
 pytest.importorskip("opentelemetry.sdk")
@@ -27,15 +26,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: 
 API_KEY = "sk-test-tracing-aaaaaaaaaaaaaaaaaaaaaaaa"
 PROMPT = "the-secret-prompt-text-9f8e7d"
 USAGE = {"input_tokens": 60, "output_tokens": 40}
-
-
-@pytest.fixture
-def collector() -> Iterator[Receiver]:
-    rec, stop = serve()
-    try:
-        yield rec
-    finally:
-        stop()
 
 
 def _value(v: Any) -> Any:

@@ -8,13 +8,12 @@ import gzip
 import random
 import socket
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from gateway import otlp, tracing
 from server import metrics
-from tests.alerts.receiver import Receiver, serve
+from tests.alerts.receiver import Receiver
 
 pytest.importorskip("opentelemetry.sdk")
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: E402
@@ -30,15 +29,6 @@ from opentelemetry.trace import (  # noqa: E402
     TraceFlags,
     set_span_in_context,
 )
-
-
-@pytest.fixture
-def collector() -> Iterator[Receiver]:
-    rec, stop = serve()
-    try:
-        yield rec
-    finally:
-        stop()
 
 
 def test_settings_read_the_standard_variables_like_the_sdk() -> None:
